@@ -1,0 +1,120 @@
+"""``python -m govinda_patch <command>``: status | doctor | counters | selftest | env-doc | patch-doc."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import docs
+from .settings import REPO_ROOT
+
+
+def _status(args) -> int:
+    from .manager import Overlay
+
+    overlay = Overlay.from_environment()
+    if overlay.settings.disabled:
+        print("GOVINDA_DISABLE=1: overlay off, every process runs stock vLLM")
+        return 0
+    print(f"patch table: {overlay.settings.patches_file}")
+    print(" ".join(f"{k}={v or 'missing'}" for k, v in overlay.versions.items()) + f" platform={overlay.platform or 'unknown'}")
+    for warning in overlay.warnings:
+        print(f"warning: {warning}")
+    for entry in overlay.entries.values():
+        state = "enabled (applies when its module is imported)" if entry.state == "pending" else entry.state
+        print(f"  {entry.spec.name:32s} [{entry.spec.group}] {state}{': ' + entry.reason if entry.reason else ''}")
+        for target in entry.active_targets:
+            print(f"      -> {target.label}")
+    return 0
+
+
+def _doctor(args) -> int:
+    import importlib
+
+    from .manager import Overlay
+    from .patching import resolve_owner
+
+    overlay = Overlay.from_environment()
+    from vllm.platforms import current_platform  # doctor may import vLLM
+
+    print(f"vLLM platform: {current_platform.__class__.__name__}; planned platform: {overlay.platform}")
+    problems = 0
+    for entry in overlay.entries.values():
+        for target in entry.active_targets:
+            try:
+                module = importlib.import_module(target.module)
+                resolve_owner(module, target.attribute)
+                print(f"  ok       {entry.spec.name}: {target.label}")
+            except Exception as exc:
+                problems += 1
+                print(f"  MISSING  {entry.spec.name}: {target.label}: {exc}")
+    for group in overlay.table.groups:
+        if group.kernel_selftest:
+            from .selftest import cached_verdict
+
+            verdict = cached_verdict(overlay.settings)
+            print(f"  self-test for group {group.name}: {'passed' if verdict.get('ok') else 'FAILED'} {verdict}")
+            problems += 0 if verdict.get("ok") else 1
+    return 1 if problems else 0
+
+
+def _counters(args) -> int:
+    from .counters import read_all
+
+    snapshots = read_all()
+    if not snapshots:
+        print("no dispatch counters recorded (no process ran Govinda kernels with this GOVINDA_CACHE_DIR)")
+        return 1
+    for snap in snapshots:
+        print(f"pid {snap['pid']}: " + " ".join(f"{k}={v}" for k, v in sorted(snap["counters"].items())))
+    return 0
+
+
+def _selftest(args) -> int:
+    from .selftest import main_json, run_selftest
+
+    if args.json:
+        return main_json()
+    verdict = run_selftest()
+    print(json.dumps(verdict, indent=2))
+    return 0 if verdict.get("ok") else 1
+
+
+def _generated(args, path, render) -> int:
+    text = render()
+    if args.check:
+        current = path.read_text() if path.exists() else ""
+        if current != text:
+            print(f"{path} is stale: run python -m govinda_patch {args.command}", file=sys.stderr)
+            return 1
+        print(f"{path} is up to date")
+        return 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(f"wrote {path}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m govinda_patch", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("status", help="print the effective patch plan (does not import vLLM)")
+    commands.add_parser("doctor", help="import vLLM, resolve every target, run the kernel self-test")
+    commands.add_parser("counters", help="print the dispatch counters written by vLLM processes")
+    selftest = commands.add_parser("selftest", help="run the INT8 kernel self-test in this process")
+    selftest.add_argument("--json", action="store_true", help="one JSON line (used by the cached self-test)")
+    for name, help_text in (("env-doc", "write reports/env-vars.md"), ("patch-doc", "write docs/patches.md")):
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("--check", action="store_true", help="exit 1 if the committed file is stale")
+    args = parser.parse_args(argv)
+    if args.command == "env-doc":
+        return _generated(args, REPO_ROOT / "reports" / "env-vars.md", docs.render_env_doc)
+    if args.command == "patch-doc":
+        return _generated(args, REPO_ROOT / "docs" / "patches.md", docs.render_patch_doc)
+    handler = {"status": _status, "doctor": _doctor, "counters": _counters, "selftest": _selftest}[args.command]
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""Govinda's INT8-KV attention backend, registered as vLLM's ``CUSTOM`` attention backend.
+
+KV cache: one raw int8 row of ``2*B*H*(D+4)`` bytes per block (layout in ``kernels/int8_kv_layout``).
+The KV-cache spec patch reports that page to vLLM as a plain ``FullAttentionSpec`` with
+``dtype=int8`` and ``head_size=D+4`` (the 4 extra int8 "columns" per row pay for the fp32 scale),
+so every page-size computation in vLLM (allocation, hybrid alignment, unification) sees the right
+bytes. ``do_kv_cache_update`` quantizes K/V on write; ``forward`` runs our paged attention.
+
+It subclasses vLLM's abstract ``AttentionImpl`` directly (not TritonAttentionImpl), so no inherited
+fused rope+KV path can ever write bf16 into the INT8 cache.
+
+Imported only inside vLLM worker/engine processes (it imports vLLM and torch).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionImpl,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+    MultipleOf,
+)
+from vllm.v1.attention.backends.utils import split_decodes_and_prefills
+
+from . import counters
+from .int8_kv import BACKEND_NAME, SUPPORTED_HEAD_SIZES, model_head_size
+from .kernel_package import import_kernel
+
+logger = logging.getLogger("govinda")
+
+_layout = import_kernel("int8_kv_layout")
+_store = import_kernel("int8_kv_store")
+_attention = import_kernel("int8_paged_attention")
+
+@dataclass
+class GovindaInt8Metadata:
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    num_decodes: int
+    workspace: object
+
+
+class GovindaInt8MetadataBuilder(AttentionMetadataBuilder[GovindaInt8Metadata]):
+    # Full CUDA graphs for pure-decode batches (fixed split-KV grid); mixed batches run piecewise.
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        # The block size is final here (after vLLM unified page sizes): hybrid pages must match.
+        from .patches.int8_kv_cache_spec import check_hybrid_pages
+
+        check_hybrid_pages(vllm_config, kv_cache_spec, exact=True)
+        logger.info(
+            "INT8 KV cache for %d layers: block_size=%d tokens, page=%d B, mamba page padded to %s B",
+            len(layer_names),
+            kv_cache_spec.block_size,
+            kv_cache_spec.page_size_bytes,
+            vllm_config.cache_config.mamba_page_size_padded,
+        )
+        # Decodes first: the kernel entry point needs them as a leading block of the batch.
+        self._init_reorder_batch_threshold(1)
+        model_config = vllm_config.model_config
+        num_q_heads = model_config.get_num_attention_heads(vllm_config.parallel_config)
+        self.workspace = _attention.DecodeWorkspace.allocate(
+            vllm_config.scheduler_config.max_num_seqs, num_q_heads, model_config.get_head_size(), device
+        )
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata, fast_build: bool = False):
+        num_decodes, _, _, _ = split_decodes_and_prefills(common_attn_metadata, decode_threshold=1)
+        return GovindaInt8Metadata(
+            num_actual_tokens=common_attn_metadata.num_actual_tokens,
+            max_query_len=common_attn_metadata.max_query_len,
+            max_seq_len=common_attn_metadata.max_seq_len,
+            query_start_loc=common_attn_metadata.query_start_loc,
+            seq_lens=common_attn_metadata.seq_lens,
+            block_table=common_attn_metadata.block_table_tensor,
+            slot_mapping=common_attn_metadata.slot_mapping,
+            num_decodes=num_decodes,
+            workspace=self.workspace,
+        )
+
+    def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata):
+        metadata = self.build(0, common_attn_metadata)
+        # Warm-up runs before capture would otherwise attend over max_model_len tokens.
+        metadata.seq_lens.fill_(1)
+        return metadata
+
+
+class GovindaInt8AttentionBackend(AttentionBackend):
+    accept_output_buffer: bool = True  # vLLM 0.18 reads this; later versions ignore it
+    forward_includes_kv_cache_update: bool = False
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto"]
+
+    @staticmethod
+    def get_name() -> str:
+        return BACKEND_NAME
+
+    @staticmethod
+    def get_impl_cls():
+        return GovindaInt8AttentionImpl
+
+    @staticmethod
+    def get_builder_cls():
+        return GovindaInt8MetadataBuilder
+
+    @staticmethod
+    def get_supported_kernel_block_sizes():
+        return [MultipleOf(16)]
+
+    @classmethod
+    def supports_block_size(cls, block_size: int | None) -> bool:
+        return block_size is None or block_size % 16 == 0
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype_str="auto"):
+        """One int8 row per block. ``head_size`` is the spec's (D + 4), see the module docstring."""
+        if block_size % 16 != 0:
+            raise ValueError(f"block size {block_size} is not a multiple of 16")
+        return _layout.cache_shape(num_blocks, block_size, num_kv_heads, model_head_size(head_size))
+
+    @staticmethod
+    def get_kv_cache_stride_order(include_num_layers_dimension: bool = False):
+        return (1, 0, 2) if include_num_layers_dimension else (0, 1)
+
+    @staticmethod
+    def use_cascade_attention(*args, **kwargs) -> bool:
+        return False
+
+    @classmethod
+    def supports_head_size(cls, head_size: int) -> bool:
+        return head_size in SUPPORTED_HEAD_SIZES
+
+    @classmethod
+    def supports_kv_cache_dtype(cls, kv_cache_dtype) -> bool:
+        return kv_cache_dtype is None or kv_cache_dtype == "auto"
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+    @classmethod
+    def supports_sink(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_mm_prefix(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_compute_capability(cls, capability) -> bool:
+        return True
+
+
+class GovindaInt8AttentionImpl(AttentionImpl):
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        alibi_slopes=None,
+        sliding_window: int | None = None,
+        kv_cache_dtype: str = "auto",
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        sinks=None,
+        **unsupported_options,
+    ) -> None:
+        unsupported = {
+            "alibi_slopes": alibi_slopes is not None,
+            "sliding_window": sliding_window is not None,
+            "logits_soft_cap": bool(logits_soft_cap),
+            "sinks": sinks is not None,
+            "non-decoder attention": attn_type != AttentionType.DECODER,
+            "kv_cache_dtype != auto": kv_cache_dtype != "auto",
+            "head size": head_size not in SUPPORTED_HEAD_SIZES,
+        }
+        unsupported.update({k: bool(v) and v != -1 for k, v in unsupported_options.items()})
+        requested = sorted(k for k, v in unsupported.items() if v)
+        if requested:
+            raise NotImplementedError(f"Govinda INT8 attention does not support: {requested}")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.kv_cache_dtype = kv_cache_dtype
+        self.attn_type = attn_type
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self.sliding_window = None
+        self.alibi_slopes = None
+        self.sinks = None
+        self.logits_soft_cap = None
+        self._page_bytes_per_token = _layout.bytes_per_token(self.num_kv_heads, head_size)
+
+    def _block_size(self, kv_cache: torch.Tensor) -> int:
+        return kv_cache.shape[1] // self._page_bytes_per_token
+
+    def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
+        _store.store_kv_int8(key, value, kv_cache, slot_mapping, block_size=self._block_size(kv_cache))
+        counters.bump("kv_store_calls")
+
+    def forward(
+        self,
+        layer,
+        query,
+        key,
+        value,
+        kv_cache,
+        attn_metadata: GovindaInt8Metadata,
+        output=None,
+        output_scale=None,
+        output_block_scale=None,
+        **unused,
+    ):
+        assert output is not None, "vLLM must pass an output buffer"
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("fused output quantization is not supported by Govinda INT8 attention")
+        if attn_metadata is None:  # profiling run
+            return output.fill_(0)
+        num_tokens = attn_metadata.num_actual_tokens
+        _attention.paged_attention_int8(
+            query[:num_tokens],
+            kv_cache,
+            output[:num_tokens],
+            attn_metadata.query_start_loc,
+            attn_metadata.seq_lens,
+            attn_metadata.block_table,
+            block_size=self._block_size(kv_cache),
+            num_kv_heads=self.num_kv_heads,
+            softmax_scale=self.scale,
+            max_query_len=attn_metadata.max_query_len,
+            max_seq_len=attn_metadata.max_seq_len,
+            num_decodes=attn_metadata.num_decodes,
+            workspace=attn_metadata.workspace,
+        )
+        num_seqs = attn_metadata.seq_lens.shape[0]
+        if attn_metadata.num_decodes:
+            counters.bump("decode_attention_calls")
+        if num_seqs > attn_metadata.num_decodes:
+            counters.bump("prefill_attention_calls")
+        return output

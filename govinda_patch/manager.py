@@ -1,0 +1,282 @@
+"""Plans, applies and reverts the patches of ``patches.yaml`` in one process.
+
+Life cycle: ``Overlay.plan()`` decides each patch's state from the switches, the installed vLLM
+version and the platform (no vLLM import); ``hook_targets()`` registers a wrapt post-import hook per
+target module, so a patch lands when its module is imported (at once if it already is).
+Groups are all-or-nothing: a member that is switched off or skipped disables the group, and a member
+that fails reverts every member already applied. Wrappers consult ``group_active()`` on every call,
+which also runs a kernel group's one-time self-test; a failed self-test reverts the whole group.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from .config import GroupSpec, PatchSpec, PatchTable, TargetSpec, load_table
+from .patching import PatchRecord, resolve_owner
+from .settings import Settings, parse_switch
+from .versions import detect_platform, release_of, stack_versions
+
+logger = logging.getLogger("govinda")
+
+PENDING = "pending"
+APPLIED = "applied"
+DISABLED = "disabled"
+SKIPPED_VERSION = "skipped-version"
+SKIPPED_PLATFORM = "skipped-platform"
+FAILED = "failed"
+
+
+class GovindaStrictError(RuntimeError):
+    """Raised instead of logging when GOVINDA_STRICT=1."""
+
+
+def configure_logging(level: str) -> None:
+    if not any(getattr(h, "_govinda", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("govinda %(levelname)s [pid %(process)d] %(message)s"))
+        handler._govinda = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(level)
+
+
+def version_matches(version: str | None, specifiers: list[str]) -> bool:
+    if version is None:
+        return False
+    release = Version(release_of(version))
+    return any(release in SpecifierSet(spec, prereleases=True) for spec in specifiers)
+
+
+@dataclass
+class PatchEntry:
+    spec: PatchSpec
+    state: str = PENDING
+    reason: str = ""
+    active_targets: list[TargetSpec] = field(default_factory=list)
+    applied_targets: set[str] = field(default_factory=set)
+    record: PatchRecord = field(default_factory=PatchRecord)
+
+    def describe(self) -> str:
+        if self.state == PENDING and self.applied_targets:
+            waiting = [t.module for t in self.active_targets if t.label not in self.applied_targets]
+            return f"{self.spec.name}=partial(waiting for {', '.join(waiting)})"
+        if self.state == PENDING:
+            return f"{self.spec.name}=pending(import of {', '.join(sorted({t.module for t in self.active_targets}))})"
+        return f"{self.spec.name}={self.state}" + (f"({self.reason})" if self.reason else "")
+
+
+@dataclass
+class PatchContext:
+    """What a patch implementation gets for one target."""
+
+    overlay: "Overlay"
+    entry: PatchEntry
+    target: TargetSpec
+    module: object
+    owner: object
+    attribute: str
+
+    @property
+    def record(self) -> PatchRecord:
+        return self.entry.record
+
+    def group_active(self) -> bool:
+        return self.overlay.group_active(self.entry.spec.group)
+
+
+class Overlay:
+    def __init__(self, settings: Settings, table: PatchTable, versions: dict[str, str | None], platform: str | None):
+        self.settings = settings
+        self.table = table
+        self.versions = versions
+        self.platform = platform
+        self.entries = {p.name: PatchEntry(p) for p in table.patches}
+        self.failed_groups: dict[str, str] = {}
+        self.verified_groups: set[str] = set()
+        self.status_logged = False
+        self.warnings: list[str] = list(settings.warnings)
+
+    # ------------------------------------------------------------------ planning
+    @classmethod
+    def from_environment(cls, environ=None) -> "Overlay":
+        settings = Settings.from_env(environ)
+        table = load_table(settings.patches_file)
+        overlay = cls(settings, table, stack_versions(), detect_platform(settings.platform_override))
+        overlay.plan(os.environ if environ is None else environ)
+        return overlay
+
+    def plan(self, environ) -> None:
+        valid_names = sorted(self.entries) + sorted(g.name for g in self.table.groups)
+        explicit = None
+        if self.settings.explicit_set is not None:
+            unknown = [n for n in self.settings.explicit_set if n not in valid_names]
+            if unknown:
+                self.warnings.append(f"GOVINDA_PATCHES names unknown patches/groups {unknown}; valid: {valid_names}")
+            explicit = set(self.settings.explicit_set)
+        group_switches = {g.name: parse_switch(environ, g.env, self.warnings) for g in self.table.groups}
+
+        vllm_version = self.versions.get("vllm")
+        for entry in self.entries.values():
+            spec = entry.spec
+            patch_switch = parse_switch(environ, spec.env, self.warnings)
+            if explicit is not None:
+                enabled = spec.name in explicit or spec.group in explicit
+                why_off = "not in GOVINDA_PATCHES"
+            else:
+                enabled, why_off = spec.default, "off by default"
+                if group_switches[spec.group] is not None:
+                    enabled = group_switches[spec.group]
+                    why_off = f"{self.table.group(spec.group).env}=0"
+                if patch_switch is not None:
+                    enabled = patch_switch
+                    why_off = f"{spec.env}=0"
+            if not enabled:
+                entry.state, entry.reason = DISABLED, why_off
+                continue
+            if vllm_version is None:
+                entry.state, entry.reason = SKIPPED_VERSION, "vLLM is not installed"
+                continue
+            if not version_matches(vllm_version, spec.vllm_versions):
+                if self.settings.force:
+                    self.warnings.append(f"{spec.name}: vLLM {vllm_version} is outside {spec.vllm_versions}; GOVINDA_FORCE=1 applies it anyway")
+                else:
+                    entry.state = SKIPPED_VERSION
+                    entry.reason = f"vLLM {vllm_version} not in verified {spec.vllm_versions}; GOVINDA_FORCE=1 to try"
+                    continue
+            if self.platform is not None and self.platform not in spec.platforms:
+                entry.state, entry.reason = SKIPPED_PLATFORM, f"platform {self.platform} not in {spec.platforms}"
+                continue
+            entry.active_targets = [t for t in spec.targets if self._target_applies(t, vllm_version)]
+            if not entry.active_targets:
+                entry.state, entry.reason = SKIPPED_VERSION, f"no target declared for vLLM {vllm_version}"
+        self._enforce_groups()
+
+    def _target_applies(self, target: TargetSpec, vllm_version: str) -> bool:
+        if target.platform is not None and self.platform is not None and target.platform != self.platform:
+            return False
+        # Version-specific targets choose between vLLM lines; GOVINDA_FORCE does not widen them.
+        if target.vllm_versions is not None:
+            return version_matches(vllm_version, target.vllm_versions)
+        return True
+
+    def _enforce_groups(self) -> None:
+        for group in self.table.groups:
+            members = [self.entries[p.name] for p in self.table.members(group.name)]
+            relevant = [m for m in members if m.state != SKIPPED_PLATFORM]
+            blockers = [m for m in relevant if m.state != PENDING]
+            if blockers and len(blockers) < len(relevant):
+                cause = ", ".join(f"{m.spec.name} {m.state}" for m in blockers)
+                for member in relevant:
+                    if member.state == PENDING:
+                        member.state, member.reason = DISABLED, f"group {group.name} incomplete: {cause}"
+
+    # ------------------------------------------------------------------ application
+    def hook_targets(self) -> None:
+        import wrapt
+
+        for entry in self.entries.values():
+            if entry.state != PENDING:
+                continue
+            for target in entry.active_targets:
+                wrapt.register_post_import_hook(self._make_hook(entry.spec.name, target), target.module)
+
+    def _make_hook(self, patch_name: str, target: TargetSpec):
+        def hook(module):
+            self.apply_target(self.entries[patch_name], target, module)
+
+        return hook
+
+    def apply_target(self, entry: PatchEntry, target: TargetSpec, module) -> None:
+        if entry.state != PENDING or target.label in entry.applied_targets:
+            return  # idempotent: already applied, or disabled/failed meanwhile
+        group = entry.spec.group
+        try:
+            owner, attribute = resolve_owner(module, target.attribute)
+            implementation = importlib.import_module(entry.spec.implementation)
+            implementation.apply(PatchContext(self, entry, target, module, owner, attribute))
+        except Exception as exc:  # any failure leaves stock vLLM for the whole group
+            entry.record.revert()
+            self.fail_group(group, f"{entry.spec.name} on {target.label}: {type(exc).__name__}: {exc}", failed=entry)
+            return
+        entry.applied_targets.add(target.label)
+        if all(t.label in entry.applied_targets for t in entry.active_targets):
+            entry.state = APPLIED
+        logger.debug("applied %s to %s", entry.spec.name, target.label)
+        self.log_status_once()
+
+    def fail_group(self, group: str, reason: str, failed: PatchEntry | None = None) -> None:
+        if group in self.failed_groups:
+            return
+        self.failed_groups[group] = reason
+        for entry in self.entries.values():
+            if entry.spec.group != group:
+                continue
+            entry.record.revert()
+            if entry is failed:
+                entry.state, entry.reason = FAILED, reason
+            elif entry.state in (PENDING, APPLIED):
+                entry.state, entry.reason = FAILED, f"group {group} reverted"
+        message = f"group {group} reverted to stock vLLM: {reason}"
+        if self.settings.strict:
+            raise GovindaStrictError(message)
+        logger.error(message)
+        self.status_logged = False
+        self.log_status_once()
+
+    def group_active(self, group_name: str) -> bool:
+        """Called by wrappers on each call: False means 'behave like stock vLLM'."""
+        if group_name in self.failed_groups:
+            return False
+        if group_name in self.verified_groups:
+            return True
+        group: GroupSpec = self.table.group(group_name)
+        if group.kernel_selftest and self.settings.selftest == "auto":
+            from .selftest import cached_verdict
+
+            verdict = cached_verdict(self.settings)
+            if not verdict.get("ok"):
+                self.fail_group(group_name, f"kernel self-test failed: {verdict.get('reason', 'unknown')}")
+                return False
+            logger.info("kernel self-test passed on %s (%s)", verdict.get("device"), verdict.get("summary", ""))
+        self.verified_groups.add(group_name)
+        return True
+
+    def revert_all(self) -> None:
+        for entry in self.entries.values():
+            entry.record.revert()
+            if entry.state == APPLIED or entry.applied_targets:
+                entry.state, entry.reason = DISABLED, "reverted"
+                entry.applied_targets.clear()
+
+    def planned_signature(self) -> str:
+        """The patches this process runs with (applied or waiting for their module)."""
+        return ",".join(sorted(name for name, e in self.entries.items() if e.state in (APPLIED, PENDING)))
+
+    # ------------------------------------------------------------------ reporting
+    def status_line(self) -> str:
+        versions = " ".join(f"{k}={v or 'missing'}" for k, v in self.versions.items())
+        patches = " ".join(entry.describe() for entry in self.entries.values())
+        return f"status: {versions} platform={self.platform or 'unknown'} | {patches}"
+
+    def log_status_once(self) -> None:
+        if self.status_logged:
+            return
+        self.status_logged = True
+        logger.info(self.status_line())
+
+    def check_strict(self) -> None:
+        """In strict mode, any warning, version skip or failure is an error."""
+        if not self.settings.strict:
+            return
+        problems = list(self.warnings)
+        problems += [e.describe() for e in self.entries.values() if e.state in (SKIPPED_VERSION, FAILED)]
+        if problems:
+            raise GovindaStrictError("; ".join(problems))

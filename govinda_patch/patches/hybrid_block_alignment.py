@@ -1,0 +1,87 @@
+"""Make vLLM's hybrid attention/mamba page alignment count INT8 page bytes.
+
+Two targets, one per vLLM line (see patches.yaml):
+- 0.18: ``HybridAttentionMambaModelConfig.verify_and_update_config`` (runs where the config is
+  built, i.e. the API-server process) sizes one attention token with the module-level
+  ``FullAttentionSpec``; during the call that name builds our INT8 spec instead.
+- 0.26: ``Platform._align_hybrid_block_size(vllm_config, backend_cls)`` (worker) is told the selected
+  backend; when it is ours we drive vLLM's native ``int8_per_token_head`` accounting, whose page
+  is byte-for-byte ours (2*H*(D+4) per token), by setting that cache dtype during the call.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger("govinda")
+
+
+def _int8_spec_factory(stock_spec_cls):
+    from govinda_patch.patches.int8_kv_cache_spec import int8_spec_for
+
+    def build(**kwargs):
+        return int8_spec_for(stock_spec_cls(**kwargs))
+
+    return build
+
+
+def _log_result(cache_config) -> None:
+    logger.info(
+        "hybrid alignment with INT8 pages: attention block_size=%d, mamba page padded to %s B",
+        cache_config.block_size,
+        cache_config.mamba_page_size_padded,
+    )
+
+
+def _wrap_config_verifier(ctx) -> None:
+    config_module = ctx.module
+    from govinda_patch.int8_kv import int8_serves_model
+
+    def align_with_int8_pages(wrapped, instance, args, kwargs):
+        vllm_config = args[0] if args else kwargs["vllm_config"]
+        serves, _ = int8_serves_model(
+            vllm_config.model_config, vllm_config.cache_config, vllm_config.attention_config.backend
+        )
+        if not serves or not ctx.group_active():
+            return wrapped(*args, **kwargs)
+        stock_spec_cls = config_module.FullAttentionSpec
+        config_module.FullAttentionSpec = _int8_spec_factory(stock_spec_cls)
+        try:
+            result = wrapped(*args, **kwargs)
+        finally:
+            config_module.FullAttentionSpec = stock_spec_cls
+        _log_result(vllm_config.cache_config)
+        return result
+
+    ctx.record.wrap(ctx.owner, ctx.attribute, align_with_int8_pages)
+
+
+def _wrap_platform_aligner(ctx) -> None:
+    from govinda_patch.int8_kv import BACKEND_PATH
+
+    def align_with_int8_pages(wrapped, instance, args, kwargs):
+        vllm_config = args[0] if args else kwargs["vllm_config"]
+        backend_cls = args[1] if len(args) > 1 else kwargs["backend_cls"]
+        selected = f"{backend_cls.__module__}.{backend_cls.__qualname__}"
+        if selected != BACKEND_PATH or not ctx.group_active():
+            return wrapped(*args, **kwargs)
+        cache_config = vllm_config.cache_config
+        stock_dtype = cache_config.cache_dtype
+        cache_config.cache_dtype = "int8_per_token_head"
+        try:
+            result = wrapped(*args, **kwargs)
+        finally:
+            cache_config.cache_dtype = stock_dtype
+        _log_result(cache_config)
+        return result
+
+    ctx.record.wrap(ctx.owner, ctx.attribute, align_with_int8_pages)
+
+
+def apply(ctx) -> None:
+    if ctx.attribute == "verify_and_update_config":
+        _wrap_config_verifier(ctx)
+    elif ctx.attribute == "_align_hybrid_block_size":
+        _wrap_platform_aligner(ctx)
+    else:
+        raise ValueError(f"no alignment strategy for target {ctx.target.label}")

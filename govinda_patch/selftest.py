@@ -1,0 +1,156 @@
+"""One-time self-test of the INT8 kernels on the real device, shared by every vLLM process.
+
+``cached_verdict`` runs ``python -m govinda_patch selftest --json`` in a child process (so a
+process that must not initialise the GPU, like vLLM 0.18's API server, never does) and caches
+the verdict on disk keyed by the kernel sources, torch/triton versions and the visible devices.
+All processes of one server therefore reach the same decision. ``run_selftest`` is the test
+itself: a tiny quantize-and-store and a mixed prefill+decode attention against the references.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .kernel_package import KERNELS_DIR
+from .versions import stack_versions
+
+SELFTEST_TIMEOUT_S = 600
+
+
+def kernel_sources_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(KERNELS_DIR.glob("*.py")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _cache_key() -> str:
+    versions = stack_versions()
+    parts = [
+        kernel_sources_digest(),
+        str(versions.get("torch")),
+        str(versions.get("triton")),
+        os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        os.environ.get("HIP_VISIBLE_DEVICES", ""),
+        os.environ.get("TRITON_INTERPRET", ""),
+    ]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
+
+
+def cached_verdict(settings) -> dict:
+    directory = Path(settings.cache_dir) / "selftest"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{_cache_key()}.json"
+    with open(directory / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one child at a time (e.g. several TP workers)
+        if path.exists():
+            try:
+                return json.loads(path.read_text())
+            except ValueError:
+                pass
+        verdict = _run_in_child()
+        if verdict.get("cacheable", True):
+            path.write_text(json.dumps(verdict))
+        return verdict
+
+
+def _run_in_child() -> dict:
+    env = dict(os.environ, GOVINDA_DISABLE="1", PYTHONUNBUFFERED="1")
+    command = [sys.executable, "-m", "govinda_patch", "selftest", "--json"]
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=SELFTEST_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "reason": f"self-test timed out after {SELFTEST_TIMEOUT_S}s", "cacheable": False}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return {"ok": False, "reason": f"self-test process exited {done.returncode}: {' | '.join(tail)}", "cacheable": False}
+    return json.loads(lines[-1])
+
+
+def run_selftest() -> dict:
+    """Run the kernels once against their references on this machine's device."""
+    try:
+        import torch
+    except ImportError as exc:
+        return {"ok": False, "reason": f"torch missing: {exc}"}
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    if torch.cuda.is_available():
+        device = torch.device("cuda")
+        device_name = torch.cuda.get_device_name(device)
+    elif interpret:
+        device, device_name = torch.device("cpu"), "cpu (TRITON_INTERPRET=1)"
+    else:
+        return {"ok": False, "reason": "no GPU visible (set TRITON_INTERPRET=1 to test kernels on the CPU)"}
+    try:
+        summary = _check_kernels(torch, device)
+    except Exception as exc:
+        return {"ok": False, "device": device_name, "reason": f"{type(exc).__name__}: {exc}"}
+    return {"ok": summary.pop("ok"), "device": device_name, "summary": summary, "reason": summary.get("problem", "")}
+
+
+def _check_kernels(torch, device) -> dict:
+    from .kernel_package import import_kernel
+
+    layout = import_kernel("int8_kv_layout")
+    store = import_kernel("int8_kv_store")
+    attention = import_kernel("int8_paged_attention")
+
+    generator = torch.Generator().manual_seed(0)
+    num_kv_heads, group, head_dim, block_size = 2, 3, 128, 32
+    # One decode (context 70) and one 5-token prefill chunk over a 40-token prefix.
+    query_lens, seq_lens = [1, 5], [70, 45]
+    num_blocks = sum(-(-s // block_size) for s in seq_lens) + 1
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
+
+    cache = torch.zeros(layout.cache_shape(num_blocks, block_size, num_kv_heads, head_dim), dtype=torch.int8, device=device)
+    reference_cache = cache.clone()
+    tables, slots, next_block = [], [], 1
+    for seq_len in seq_lens:
+        blocks = list(range(next_block, next_block + -(-seq_len // block_size)))
+        next_block += len(blocks)
+        tables.append(blocks + [0] * (4 - len(blocks)))
+        slots.extend(blocks[p // block_size] * block_size + p % block_size for p in range(seq_len))
+    slot_mapping = torch.tensor(slots, dtype=torch.int64, device=device)
+    keys, values = randn(len(slots), num_kv_heads, head_dim), randn(len(slots), num_kv_heads, head_dim)
+    store.store_kv_int8(keys, values, cache, slot_mapping, block_size=block_size)
+    layout.store_reference(keys, values, reference_cache, slot_mapping, block_size)
+    store_exact = bool(torch.equal(cache, reference_cache))
+
+    query = randn(sum(query_lens), num_kv_heads * group, head_dim)
+    output = torch.zeros_like(query)
+    query_start_loc = torch.tensor([0, 1, 6], dtype=torch.int32, device=device)
+    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    block_table = torch.tensor(tables, dtype=torch.int32, device=device)
+    scale = head_dim**-0.5
+    attention.paged_attention_int8(
+        query, cache, output, query_start_loc, seq_lens_t, block_table,
+        block_size=block_size, num_kv_heads=num_kv_heads, softmax_scale=scale,
+        max_query_len=max(query_lens), max_seq_len=max(seq_lens), num_decodes=1,
+    )
+    expected = attention.attention_reference(
+        query, cache, query_start_loc, seq_lens_t, block_table,
+        block_size=block_size, num_kv_heads=num_kv_heads, softmax_scale=scale,
+    )
+    max_error = float((output.float() - expected).abs().max())
+    # bf16 output rounding of O(1) values is ~4e-3; P and V pass through bf16/fp16 in the dot.
+    tolerance = 2e-2
+    ok = store_exact and max_error <= tolerance and bool(torch.isfinite(output).all())
+    problem = "" if ok else f"store_exact={store_exact} attention max_error={max_error:.3g} (tolerance {tolerance})"
+    return {"ok": ok, "store_exact": store_exact, "attention_max_error": max_error, "problem": problem}
+
+
+def main_json() -> int:
+    verdict = run_selftest()
+    print(json.dumps(verdict), flush=True)
+    return 0

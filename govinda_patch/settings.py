@@ -1,0 +1,130 @@
+"""The overlay's global switches, read from ``GOVINDA_*`` environment variables.
+
+Per-patch and per-group switches are declared in ``patches.yaml`` (``env:`` keys); this module
+holds the switches that exist regardless of the table. Malformed values never raise: they produce
+one warning that lists the valid choices and fall back to the default (strict mode turns the
+warning into an error at apply time).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+SELFTEST_MODES = ("auto", "skip")
+PLATFORMS = ("rocm", "cuda")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PATCHES_FILE = REPO_ROOT / "patches.yaml"
+
+
+@dataclass(frozen=True)
+class GlobalSwitch:
+    name: str
+    values: str
+    default: str
+    effect: str
+
+
+# The single list of global switches; `python -m govinda_patch env-doc` renders it.
+GLOBAL_SWITCHES = (
+    GlobalSwitch("GOVINDA_DISABLE", "0 | 1", "0", "Master kill switch: 1 leaves every process on stock vLLM (sitecustomize only chains)."),
+    GlobalSwitch(
+        "GOVINDA_PATCHES",
+        "comma-separated patch or group names",
+        "(unset: each patch's default)",
+        "Apply exactly this set; everything else is disabled. Groups stay all-or-nothing.",
+    ),
+    GlobalSwitch("GOVINDA_PATCHES_FILE", "path to a YAML file", "<repo>/patches.yaml", "Use another patch table."),
+    GlobalSwitch("GOVINDA_STRICT", "0 | 1", "0", "Any skip, failure or bad switch value raises instead of logging (tests, CI)."),
+    GlobalSwitch("GOVINDA_FORCE", "0 | 1", "0", "Apply patches even outside their verified vLLM versions."),
+    GlobalSwitch("GOVINDA_LOG_LEVEL", " | ".join(LOG_LEVELS), "INFO", "Verbosity of the overlay's own log lines (stderr, prefix 'govinda:')."),
+    GlobalSwitch(
+        "GOVINDA_SELFTEST",
+        " | ".join(SELFTEST_MODES),
+        "auto",
+        "auto: run the kernel self-test once per kernel/device version before a kernel group takes effect; "
+        "skip: trust the kernels (CPU-only tests).",
+    ),
+    GlobalSwitch("GOVINDA_CACHE_DIR", "path", "~/.cache/govinda", "Where self-test verdicts and dispatch counters are kept."),
+    GlobalSwitch("GOVINDA_PLATFORM", " | ".join(PLATFORMS), "(detected from torch)", "Override platform detection (status/plan only)."),
+)
+
+
+def _read_flag(environ, name: str, warnings: list[str]) -> bool:
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return False
+    value = raw.strip().lower()
+    if value in TRUE_WORDS:
+        return True
+    if value in FALSE_WORDS:
+        return False
+    warnings.append(f"{name}={raw!r} is not a valid value; use one of {TRUE_WORDS + FALSE_WORDS}; treating it as 0")
+    return False
+
+
+def _read_choice(environ, name: str, choices: tuple[str, ...], default: str, warnings: list[str], upper=False) -> str:
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().upper() if upper else raw.strip().lower()
+    if value in choices:
+        return value
+    warnings.append(f"{name}={raw!r} is not a valid value; use one of {choices}; using {default!r}")
+    return default
+
+
+def parse_switch(environ, name: str, warnings: list[str]) -> bool | None:
+    """A per-patch/per-group switch: True/False when set, None when unset."""
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    value = raw.strip().lower()
+    if value in TRUE_WORDS:
+        return True
+    if value in FALSE_WORDS:
+        return False
+    warnings.append(f"{name}={raw!r} is not a valid value; use one of {TRUE_WORDS + FALSE_WORDS}; ignoring it")
+    return None
+
+
+@dataclass
+class Settings:
+    disabled: bool = False
+    explicit_set: tuple[str, ...] | None = None
+    patches_file: Path = DEFAULT_PATCHES_FILE
+    strict: bool = False
+    force: bool = False
+    log_level: str = "INFO"
+    selftest: str = "auto"
+    cache_dir: Path = Path.home() / ".cache" / "govinda"
+    platform_override: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_env(cls, environ=None) -> "Settings":
+        environ = os.environ if environ is None else environ
+        warnings: list[str] = []
+        explicit_raw = environ.get("GOVINDA_PATCHES")
+        explicit = None
+        if explicit_raw is not None and explicit_raw.strip():
+            explicit = tuple(name.strip() for name in explicit_raw.split(",") if name.strip())
+        platform = _read_choice(environ, "GOVINDA_PLATFORM", PLATFORMS, "", warnings) or None
+        cache_dir = environ.get("GOVINDA_CACHE_DIR") or str(Path.home() / ".cache" / "govinda")
+        return cls(
+            disabled=_read_flag(environ, "GOVINDA_DISABLE", warnings),
+            explicit_set=explicit,
+            patches_file=Path(environ.get("GOVINDA_PATCHES_FILE") or DEFAULT_PATCHES_FILE),
+            strict=_read_flag(environ, "GOVINDA_STRICT", warnings),
+            force=_read_flag(environ, "GOVINDA_FORCE", warnings),
+            log_level=_read_choice(environ, "GOVINDA_LOG_LEVEL", LOG_LEVELS, "INFO", warnings, upper=True),
+            selftest=_read_choice(environ, "GOVINDA_SELFTEST", SELFTEST_MODES, "auto", warnings),
+            cache_dir=Path(cache_dir).expanduser(),
+            platform_override=platform,
+            warnings=warnings,
+        )

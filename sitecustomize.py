@@ -1,0 +1,112 @@
+"""Govinda overlay bootstrap: runs in every Python process that has this repo on PYTHONPATH.
+
+It must stay tiny and must never break an interpreter:
+- first it runs the ``sitecustomize`` that this file shadows (the next one on ``sys.path``);
+- then, unless ``GOVINDA_DISABLE=1``, it installs a one-shot import trigger for the top-level
+  ``vllm`` package. Nothing else is imported here: no torch, no vLLM, no YAML, no wrapt (which
+  alone costs ~15-60 ms). When ``vllm`` finishes importing, ``govinda_patch.bootstrap`` reads
+  ``patches.yaml`` and registers wrapt post-import hooks for each patch's target modules.
+Errors are reported on stderr and the overlay stays off; ``GOVINDA_STRICT=1`` re-raises them.
+"""
+
+import os
+import sys
+
+_THIS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _strict():
+    return os.environ.get("GOVINDA_STRICT", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _report(what, exc):
+    sys.stderr.write("govinda: ERROR %s: %s: %s (overlay off in this process)\n" % (what, type(exc).__name__, exc))
+
+
+def _run_shadowed_sitecustomize():
+    from importlib.machinery import PathFinder
+
+    other_paths = [p for p in sys.path if os.path.abspath(p or os.curdir) != _THIS_DIR]
+    spec = PathFinder.find_spec("sitecustomize", other_paths)
+    if spec is None or spec.loader is None:
+        return
+    from importlib.util import module_from_spec
+
+    module = module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[__name__].shadowed = module
+
+
+class _VllmImportTrigger:
+    """Meta-path finder that runs ``govinda_patch.bootstrap`` right after ``import vllm`` completes."""
+
+    def __init__(self):
+        self._searching = False
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "vllm" or self._searching:
+            return None
+        self._searching = True
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self._searching = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec.loader = _NotifyingLoader(spec.loader)
+        return spec
+
+
+class _NotifyingLoader:
+    """Delegates to vLLM's real loader, then puts it back and starts the overlay."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        try:
+            from govinda_patch import bootstrap
+
+            bootstrap.on_vllm_imported()
+        except Exception as exc:
+            if _strict():
+                raise
+            _report("overlay bootstrap failed", exc)
+
+
+try:
+    _run_shadowed_sitecustomize()
+except Exception as exc:  # a broken foreign sitecustomize must not take ours down
+    _report("shadowed sitecustomize failed", exc)
+
+try:
+    if os.environ.get("GOVINDA_DISABLE", "").strip().lower() not in ("1", "true", "yes", "on"):
+        if "vllm" in sys.modules:
+            from govinda_patch import bootstrap
+
+            bootstrap.on_vllm_imported()
+        else:
+            sys.meta_path.insert(0, _VllmImportTrigger())
+except Exception as exc:
+    if _strict():
+        raise
+    _report("overlay start-up failed", exc)

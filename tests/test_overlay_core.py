@@ -1,0 +1,281 @@
+"""The overlay machinery against the real installed vLLM: start-up, switches, errors, revert."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, vllm_is
+
+PATCHED_PROBE = """
+import sys
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+import vllm.config.vllm as config_module
+from govinda_patch.patching import is_govinda_wrapper
+custom_path = AttentionBackendEnum.CUSTOM.get_path() if AttentionBackendEnum.CUSTOM.is_overridden() else None
+report({
+    "custom_backend": custom_path,
+    "compute_hash_wrapped": is_govinda_wrapper(config_module.VllmConfig.__dict__["compute_hash"]),
+})
+"""
+
+
+def _table(tmp_path: Path, edit) -> Path:
+    """A copy of patches.yaml changed by ``edit(text) -> text``."""
+    path = tmp_path / "patches.yaml"
+    path.write_text(edit((REPO / "patches.yaml").read_text()))
+    return path
+
+
+def test_python_startup_imports_neither_torch_nor_vllm(child, base_env):
+    result = child("import sys\nreport(sorted(m for m in ('torch', 'vllm', 'wrapt', 'yaml', 'govinda_patch') if m in sys.modules))", base_env)
+    assert result.returncode == 0, result
+    assert result.result == []
+    # The trigger is installed, i.e. the overlay really is on the path.
+    probe = child("import sys\nreport([type(f).__name__ for f in sys.meta_path])", base_env)
+    assert "_VllmImportTrigger" in probe.result
+
+
+def test_importing_vllm_applies_the_patches(child, base_env):
+    result = child(PATCHED_PROBE, base_env)
+    assert result.returncode == 0, result
+    assert result.result["custom_backend"] == "govinda_patch.int8_backend.GovindaInt8AttentionBackend"
+    assert result.result["compute_hash_wrapped"] is True
+    status = [line for line in result.govinda_lines() if "status:" in line]
+    assert len(status) == 1, result.govinda_lines()
+    assert "[pid " in status[0] and "vllm=" in status[0] and "torch=" in status[0] and "triton=" in status[0]
+    assert "int8_backend_registration=applied" in status[0]
+
+
+def test_master_kill_switch_leaves_stock_objects(child, base_env):
+    env = dict(base_env, GOVINDA_DISABLE="1")
+    result = child(PATCHED_PROBE, env)
+    assert result.returncode == 0, result
+    assert result.result == {"custom_backend": None, "compute_hash_wrapped": False}
+    assert result.govinda_lines() == []
+
+
+def test_per_patch_switch_disables_its_whole_group(child, base_env):
+    env = dict(base_env, GOVINDA_PATCH_INT8_KV_CACHE_SPEC="0")
+    result = child(PATCHED_PROBE, env)
+    assert result.returncode == 0, result
+    assert result.result == {"custom_backend": None, "compute_hash_wrapped": False}
+    status = " ".join(result.govinda_lines())
+    assert "int8_kv_cache_spec=disabled(GOVINDA_PATCH_INT8_KV_CACHE_SPEC=0)" in status
+    assert "group int8_kv incomplete" in status
+
+
+def test_group_switch_and_explicit_set(child, base_env):
+    off = child(PATCHED_PROBE, dict(base_env, GOVINDA_INT8_KV="0"))
+    assert off.result == {"custom_backend": None, "compute_hash_wrapped": False}, off
+    chosen = child(PATCHED_PROBE, dict(base_env, GOVINDA_PATCHES="int8_kv"))
+    assert chosen.result["compute_hash_wrapped"] is True, chosen
+    partial = child(PATCHED_PROBE, dict(base_env, GOVINDA_PATCHES="int8_compile_cache_key"))
+    assert partial.result["compute_hash_wrapped"] is False, partial
+
+
+def test_spawned_children_are_patched(child, base_env):
+    code = """
+    import multiprocessing as mp
+
+    def probe(queue):
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+        queue.put(AttentionBackendEnum.CUSTOM.get_path())
+
+    if __name__ == "__main__":
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        process = ctx.Process(target=probe, args=(queue,))
+        process.start()
+        path = queue.get(timeout=240)
+        process.join()
+        report({"child": path, "parent_imported_vllm": "vllm" in __import__("sys").modules})
+    """
+    script = Path(base_env["GOVINDA_CACHE_DIR"]) / "spawn_probe.py"
+    prelude = "import json\ndef report(o):\n    print('RESULT-JSON:' + json.dumps(o), flush=True)\n"
+    script.write_text(prelude + textwrap.dedent(code))
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(script)], env=base_env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = [l for l in done.stdout.splitlines() if l.startswith("RESULT-JSON:")][-1]
+    assert '"child": "govinda_patch.int8_backend.GovindaInt8AttentionBackend"' in line
+    assert '"parent_imported_vllm": false' in line
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["malformed_yaml", "unknown_key", "implementation_outside_package", "missing_attribute", "version_outside_range"],
+)
+def test_bad_input_leaves_vllm_stock_with_one_clear_line(child, base_env, tmp_path, case):
+    edits = {
+        "malformed_yaml": lambda t: t + "\n  - name: [unclosed\n",
+        "unknown_key": lambda t: t.replace("    default: true\n", "    default: true\n    colour: blue\n", 1),
+        "implementation_outside_package": lambda t: t.replace(
+            "govinda_patch.patches.register_int8_backend", "os.system", 1
+        ),
+        "missing_attribute": lambda t: t.replace("attribute: register_backend", "attribute: register_backend_removed_upstream"),
+        "version_outside_range": lambda t: t.replace('vllm_versions: ["==0.18.1", ">=0.26.0,<0.27"]\n    platforms: [rocm, cuda]\n    targets:\n      - module: vllm.config.vllm', 'vllm_versions: ["==0.1.0"]\n    platforms: [rocm, cuda]\n    targets:\n      - module: vllm.config.vllm'),
+    }
+    table = _table(tmp_path, edits[case])
+    assert table.read_text() != (REPO / "patches.yaml").read_text()
+    env = dict(base_env, GOVINDA_PATCHES_FILE=str(table))
+    result = child(PATCHED_PROBE, env)
+    assert result.returncode == 0, result
+    assert result.result == {"custom_backend": None, "compute_hash_wrapped": False}
+    problem_lines = [l for l in result.govinda_lines() if " ERROR " in l or " WARNING " in l]
+    expected_words = {
+        "malformed_yaml": "not valid YAML",
+        "unknown_key": "colour",
+        "implementation_outside_package": "implementation",
+        "missing_attribute": "register_backend_removed_upstream",
+        "version_outside_range": "",
+    }[case]
+    if case == "version_outside_range":
+        status = " ".join(result.govinda_lines())
+        assert "int8_compile_cache_key=skipped-version" in status and "GOVINDA_FORCE=1" in status
+        assert "group int8_kv incomplete" in status
+    else:
+        assert len(problem_lines) == 1, result.govinda_lines()
+        assert expected_words in problem_lines[0]
+        assert str(table) in problem_lines[0] or case == "missing_attribute"
+
+    strict = child(PATCHED_PROBE, dict(env, GOVINDA_STRICT="1"))
+    assert strict.returncode != 0, strict
+    assert "GovindaStrictError" in strict.stderr
+
+
+def test_force_applies_outside_verified_versions(child, base_env, tmp_path):
+    table = _table(tmp_path, lambda t: t.replace('["==0.18.1", ">=0.26.0,<0.27"]', '["==0.1.0"]'))
+    result = child(PATCHED_PROBE, dict(base_env, GOVINDA_PATCHES_FILE=str(table), GOVINDA_FORCE="1"))
+    assert result.returncode == 0, result
+    assert result.result["compute_hash_wrapped"] is True
+    assert any("GOVINDA_FORCE=1 applies it anyway" in l for l in result.govinda_lines())
+
+
+def test_unknown_names_and_malformed_values_warn_with_valid_choices(child, base_env):
+    env = dict(base_env, GOVINDA_PATCHES="int8_kv,no_such_patch", GOVINDA_LOG_LEVEL="chatty")
+    result = child(PATCHED_PROBE, env)
+    assert result.returncode == 0, result
+    warnings = [l for l in result.govinda_lines() if " WARNING " in l]
+    assert any("no_such_patch" in w and "int8_backend_priority" in w for w in warnings), warnings
+    assert any("GOVINDA_LOG_LEVEL" in w and "DEBUG" in w for w in warnings), warnings
+    assert result.result["custom_backend"] is not None  # the valid part of the request still applies
+    strict = child(PATCHED_PROBE, dict(env, GOVINDA_STRICT="1"))
+    assert strict.returncode != 0 and "no_such_patch" in strict.stderr
+
+
+def test_apply_is_idempotent_and_revert_restores_exact_originals(child, base_env):
+    code = """
+    import vllm.v1.attention.backends.registry as registry
+    import vllm.config.vllm as config_module
+    from govinda_patch import bootstrap
+    overlay = bootstrap.OVERLAY
+    wrapped_once = config_module.VllmConfig.__dict__["compute_hash"]
+    entry = overlay.entries["int8_compile_cache_key"]
+    target = entry.active_targets[0]
+    overlay.apply_target(entry, target, config_module)          # second apply: no-op
+    same_after_reapply = config_module.VllmConfig.__dict__["compute_hash"] is wrapped_once
+    from govinda_patch.patching import original_of
+    original = original_of(wrapped_once)
+    overlay.revert_all()
+    overlay.revert_all()                                          # second revert: no-op
+    report({
+        "same_after_reapply": same_after_reapply,
+        "undo_steps": len(entry.record.undo_steps),
+        "restored_exact": config_module.VllmConfig.__dict__["compute_hash"] is original,
+        "custom_cleared": not registry.AttentionBackendEnum.CUSTOM.is_overridden(),
+    })
+    """
+    result = child(code, base_env)
+    assert result.returncode == 0, result
+    assert result.result == {"same_after_reapply": True, "undo_steps": 0, "restored_exact": True, "custom_cleared": True}
+
+
+def test_status_command_prints_plan_without_importing_vllm(child, base_env):
+    code = """
+    import io, sys, contextlib
+    from govinda_patch.__main__ import main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["status"])
+    report({"rc": rc, "text": out.getvalue(), "vllm": "vllm" in sys.modules, "torch": "torch" in sys.modules})
+    """
+    result = child(code, dict(base_env, GOVINDA_PATCH_INT8_BACKEND_PRIORITY="0"))
+    assert result.returncode == 0, result
+    assert result.result["vllm"] is False and result.result["torch"] is False
+    text = result.result["text"]
+    assert "int8_backend_priority" in text and "disabled: GOVINDA_PATCH_INT8_BACKEND_PRIORITY=0" in text
+    assert "vllm=" in text
+
+
+def test_shadowed_sitecustomize_still_runs(child, base_env, tmp_path):
+    other = tmp_path / "other_site"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import builtins\nbuiltins.SHADOWED_SITECUSTOMIZE_RAN = True\n")
+    env = dict(base_env, PYTHONPATH=os.pathsep.join([base_env["PYTHONPATH"], str(other)]))
+    result = child("import builtins, sys\nreport([getattr(builtins, 'SHADOWED_SITECUSTOMIZE_RAN', False), type(sys.modules['sitecustomize'].shadowed).__name__])", env)
+    assert result.returncode == 0, result
+    assert result.result == [True, "module"]
+
+
+def test_broken_shadowed_sitecustomize_does_not_break_python(child, base_env, tmp_path):
+    other = tmp_path / "broken_site"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("raise RuntimeError('boom from a foreign sitecustomize')\n")
+    env = dict(base_env, PYTHONPATH=os.pathsep.join([base_env["PYTHONPATH"], str(other)]))
+    result = child("report('alive')", env)
+    assert result.returncode == 0 and result.result == "alive", result
+    assert "boom from a foreign sitecustomize" in result.stderr
+
+
+def test_hugging_face_kernels_probe_is_not_fooled(child, base_env):
+    code = """
+    import importlib.util
+    from transformers.utils import import_utils
+    available = import_utils.is_kernels_available()
+    import transformers.integrations.hub_kernels as hub_kernels  # must import cleanly
+    spec = importlib.util.find_spec("kernels")
+    report({"available": available, "has_init": bool(spec and spec.origin and spec.origin.endswith("__init__.py"))})
+    """
+    with_overlay = child(code, base_env)
+    env_without = {k: v for k, v in base_env.items() if k != "PYTHONPATH"}
+    without = child(code, env_without)
+    assert with_overlay.returncode == 0 and without.returncode == 0, (with_overlay, without)
+    assert with_overlay.result["available"] == without.result["available"]
+    assert with_overlay.result["has_init"] is False  # our kernels/ is never a regular package
+
+
+def test_a_real_kernels_package_later_on_the_path_wins(child, base_env, tmp_path):
+    site = tmp_path / "site"
+    (site / "kernels").mkdir(parents=True)
+    (site / "kernels" / "__init__.py").write_text("IS_HUB_KERNELS = True\n")
+    env = dict(base_env, PYTHONPATH=os.pathsep.join([base_env["PYTHONPATH"], str(site)]))
+    result = child("import kernels\nreport(getattr(kernels, 'IS_HUB_KERNELS', False))", env)
+    assert result.returncode == 0, result
+    assert result.result is True
+
+
+@pytest.mark.skipif(not vllm_is("==0.18.1"), reason="per-version check of the 0.18.1 targets")
+def test_every_018_target_resolves_on_the_installed_vllm(dcu_env, child):
+    code = """
+    import importlib
+    from govinda_patch.manager import Overlay
+    from govinda_patch.patching import resolve_owner
+    overlay = Overlay.from_environment()
+    missing = []
+    for entry in overlay.entries.values():
+        for target in entry.active_targets:
+            try:
+                resolve_owner(importlib.import_module(target.module), target.attribute)
+            except Exception as exc:
+                missing.append(f"{target.label}: {exc}")
+    report({"missing": missing, "targets": sum(len(e.active_targets) for e in overlay.entries.values())})
+    """
+    result = child(code, dcu_env)
+    assert result.returncode == 0, result
+    assert result.result["missing"] == [] and result.result["targets"] == 5
