@@ -47,3 +47,17 @@ def amdsmi_topo_get_link_type(handle, peer_handle):
 
 def amdsmi_get_gpu_device_uuid(handle):
     return "00000000-0000-0000-0000-%012d" % handle.index
+
+
+class AmdSmiMemoryType:
+    VRAM = 0
+    VIS_VRAM = 1
+    GTT = 2
+
+
+def amdsmi_get_gpu_memory_total(handle, memory_type=AmdSmiMemoryType.VRAM):
+    return 64 * 1024**3  # a 64 GiB DCU
+
+
+def amdsmi_topo_get_numa_node_number(handle):
+    return 0
