@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Set up an environment for the Govinda overlay on a fresh machine.
+#
+#   scripts/setup.sh                      # .venv (Python 3.10, like the DCU image) with vLLM 0.18.1 from the lock
+#   scripts/setup.sh --vllm 0.26.0        # the H200 validation line (Python 3.12)
+#   scripts/setup.sh --venv DIR           # put the environment elsewhere (CI caches it outside the checkout)
+#   scripts/setup.sh --system             # DCU images with vLLM preinstalled: only the overlay's own deps
+#
+# A finished environment is stamped with the hash of its lock file and reused while it matches.
+# At the end it prints the overlay's plan (python -m govinda_patch status) for that environment.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+VLLM_LINE=0.18.1
+VENV="$REPO/.venv"
+SYSTEM=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --vllm) VLLM_LINE="$2"; shift 2 ;;
+    --venv) VENV="$2"; shift 2 ;;
+    --system) SYSTEM=1; shift ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+say() { printf '[setup] %s\n' "$*" >&2; }
+
+if [ "$SYSTEM" = 1 ]; then
+  PY="${PYTHON:-python3}"
+  say "installing the overlay's runtime deps into $($PY -c 'import sys; print(sys.prefix)') (vLLM/torch untouched)"
+  "$PY" -m pip install -q -r "$REPO/requirements/runtime.in"
+  PYTHONPATH="$REPO" "$PY" -m govinda_patch status
+  exit 0
+fi
+
+case "$VLLM_LINE" in
+  0.18.1) PY_VERSION=3.10 ;;
+  0.26.0) PY_VERSION=3.12 ;;
+  *) echo "setup.sh: no lock for vLLM $VLLM_LINE; have: 0.18.1 0.26.0" >&2; exit 2 ;;
+esac
+LOCK="$REPO/requirements/vllm-$VLLM_LINE.lock"
+STAMP="$(sha256sum "$LOCK" | cut -c1-16)"
+
+find_python() {  # an interpreter for $1 (e.g. 3.10): PATH, pyenv, then the usual prefixes
+  local v="$1" candidate
+  for candidate in "python$v" "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$v".*/bin/"python$v" /usr/bin/"python$v" /usr/local/bin/"python$v"; do
+    if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c 'import sys, venv' >/dev/null 2>&1; then
+      command -v "$candidate"; return 0
+    fi
+  done
+  return 1
+}
+
+if [ -f "$VENV/.govinda-lock" ] && [ "$(cat "$VENV/.govinda-lock")" = "$STAMP" ] && "$VENV/bin/python" -c 'import vllm' >/dev/null 2>&1; then
+  say "reusing $VENV (vLLM $VLLM_LINE, lock $STAMP)"
+else
+  BASE_PY="$(find_python "$PY_VERSION")" || { echo "setup.sh: Python $PY_VERSION not found (install it, e.g. with pyenv)" >&2; exit 1; }
+  say "creating $VENV with $BASE_PY for vLLM $VLLM_LINE (lock $STAMP)"
+  rm -rf "$VENV"
+  "$BASE_PY" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  # The lock pins every package (torch included), so no resolver surprises on a fresh machine.
+  "$VENV/bin/python" -m pip install -q --no-deps -r "$LOCK"
+  "$VENV/bin/python" -c 'import vllm, torch, triton, wrapt, yaml; print("[setup] vllm", vllm.__version__, "torch", torch.__version__, "triton", triton.__version__)' >&2
+  echo "$STAMP" > "$VENV/.govinda-lock"
+fi
+PYTHONPATH="$REPO" "$VENV/bin/python" -m govinda_patch status
