@@ -1,0 +1,262 @@
+"""Launch configurations of Govinda's INT8 KV-cache kernels, one data table per architecture.
+
+Keys:
+
+* ``cuda_sm90``    -- Hopper (H100/H200). Tuned for the H200; the entries marked "tune" are
+  the first ones to sweep.
+* ``cuda_default`` -- any other NVIDIA GPU (Ampere/Ada/Blackwell); conservative: fits the
+  ~100 KB of shared memory of consumer parts.
+* ``rocm_gfx9``    -- CDNA-class GPUs (Hygon DCU gfx906/gfx926/gfx928/gfx936, MI200 gfx90a,
+  MI300 gfx942). Wave64 and 64 KB of LDS on the DCUs: ``num_stages=1`` (Triton's AMD
+  pipeliner double-buffers through LDS, which the tiles below would overflow), tiles no
+  bigger than 64 x 64 for D <= 128 and 64 x 32 for D = 256, 4 warps (= 256 threads). The
+  HIP-only knobs stay at "compiler default" (0) because the DCU Triton forks differ in which
+  of them they accept; they are passed to the launch only when set.
+* ``rocm_default`` -- other AMD GPUs (RDNA, wave32); the smallest safe tiles.
+* ``interpreter``  -- ``TRITON_INTERPRET=1`` on CPU: tiny tiles so that small test shapes
+  still cover several tiles, splits and chunks.
+
+``GOVINDA_KERNEL_ARCH=<key>`` overrides the detection (experiments, or a DCU that reports an
+unexpected ``gcnArchName``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+import torch
+
+ARCH_ENV_VAR = "GOVINDA_KERNEL_ARCH"
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One kernel's tile shape and compiler knobs.
+
+    ``block_m``: query rows per program (prefill) / split chunk of the reduce kernel.
+    ``block_n``: KV tokens per tile (prefill, decode) / head-dim slice of the reduce kernel.
+    """
+
+    block_m: int = 16
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 1
+    # HIP-only compiler knobs; 0 means "leave the compiler's default" and is not passed.
+    waves_per_eu: int = 0
+    matrix_instr_nonkdim: int = 0
+    kpack: int = 0
+
+    def launch_kwargs(self) -> dict:
+        kwargs = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        for name in ("waves_per_eu", "matrix_instr_nonkdim", "kpack"):
+            value = getattr(self, name)
+            if value:
+                kwargs[name] = value
+        return kwargs
+
+
+@dataclass(frozen=True)
+class DecodeSplitPolicy:
+    """How many KV splits a decode gets: enough programs to fill the GPU, within bounds.
+
+    ``num_splits = clamp(ceil(programs_per_sm * sm_count / (num_decodes * num_kv_heads)),
+    1, max_splits)``; inside the kernel each split covers at least ``min_tiles_per_split``
+    KV tiles, so short sequences use fewer splits (less partial-result traffic).
+    """
+
+    programs_per_sm: int = 4
+    max_splits: int = 256
+    min_tiles_per_split: int = 1
+
+
+@dataclass(frozen=True)
+class ArchLaunchConfigs:
+    key: str
+    prefill: Mapping[int, KernelConfig]  # by head_dim
+    decode: Mapping[int, KernelConfig]  # by head_dim (block_m unused: the group is padded to 16)
+    reduce: KernelConfig
+    store: KernelConfig
+    decode_splits: DecodeSplitPolicy = field(default_factory=DecodeSplitPolicy)
+    # Multiprocessor count to assume when the device cannot be asked (the CPU interpreter).
+    default_sm_count: int = 8
+
+    def prefill_config(self, head_dim: int) -> KernelConfig:
+        return _by_head_dim(self.prefill, head_dim)
+
+    def decode_config(self, head_dim: int) -> KernelConfig:
+        return _by_head_dim(self.decode, head_dim)
+
+
+def _by_head_dim(table: Mapping[int, KernelConfig], head_dim: int) -> KernelConfig:
+    """The entry for ``head_dim``, else the one for the next larger listed head_dim, else the largest."""
+    if head_dim in table:
+        return table[head_dim]
+    larger = [d for d in table if d >= head_dim]
+    return table[min(larger)] if larger else table[max(table)]
+
+
+ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = {
+    "cuda_sm90": ArchLaunchConfigs(
+        key="cuda_sm90",
+        # tune: prefill tiles and stages (wgmma wants block_m >= 64 per warpgroup). D=256 measured
+        # on an H200 (one 12K-token prompt, 24/4 heads): 128x64, 8 warps, 2 stages was the best
+        # of block_m {64,128} x block_n {32,64,128} x warps {4,8} x stages {2,3} (6.7 ms; 64x64 /
+        # 4 warps 7.0 ms; 4 warps with block_m 128 spills badly). D <= 128: untuned.
+        prefill={
+            64: KernelConfig(block_m=128, block_n=64, num_warps=4, num_stages=3),
+            128: KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3),
+            256: KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=2),
+        },
+        # tune: decode block_n / stages together with decode_splits.programs_per_sm. Measured on
+        # an H200 (D=256, 24/4 heads, batch 1, 16K/32K): block_n 64, 4 warps, no cp.async stages,
+        # 2 programs per SM was the best of block_n {16,32,64,128} x warps {4,8} x stages {1,2,3}
+        # x programs_per_sm {2,4,8} (more warps or stages raise register pressure and lose);
+        # D <= 128 entries are extrapolated (fewer bytes per token).
+        decode={
+            64: KernelConfig(block_n=128, num_warps=4, num_stages=1),
+            128: KernelConfig(block_n=64, num_warps=4, num_stages=1),
+            256: KernelConfig(block_n=64, num_warps=4, num_stages=1),
+        },
+        # block_m >= max_splits: the reduce reads all splits in one pass.
+        reduce=KernelConfig(block_m=256, block_n=32, num_warps=4),
+        store=KernelConfig(num_warps=2),
+        decode_splits=DecodeSplitPolicy(programs_per_sm=2, max_splits=256, min_tiles_per_split=1),
+        default_sm_count=132,
+    ),
+    "cuda_default": ArchLaunchConfigs(
+        key="cuda_default",
+        prefill={
+            64: KernelConfig(block_m=64, block_n=64, num_warps=4, num_stages=2),
+            128: KernelConfig(block_m=64, block_n=64, num_warps=4, num_stages=2),
+            256: KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=2),
+        },
+        decode={
+            64: KernelConfig(block_n=64, num_warps=4, num_stages=2),
+            128: KernelConfig(block_n=64, num_warps=4, num_stages=2),
+            256: KernelConfig(block_n=32, num_warps=4, num_stages=2),
+        },
+        reduce=KernelConfig(block_m=128, block_n=32, num_warps=4),
+        store=KernelConfig(num_warps=2),
+        decode_splits=DecodeSplitPolicy(programs_per_sm=4, max_splits=256, min_tiles_per_split=1),
+        default_sm_count=80,
+    ),
+    "rocm_gfx9": ArchLaunchConfigs(
+        key="rocm_gfx9",
+        prefill={
+            64: KernelConfig(block_m=64, block_n=64, num_warps=4, num_stages=1),
+            128: KernelConfig(block_m=64, block_n=64, num_warps=4, num_stages=1),
+            256: KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=1),
+        },
+        decode={
+            64: KernelConfig(block_n=64, num_warps=4, num_stages=1),
+            128: KernelConfig(block_n=64, num_warps=4, num_stages=1),
+            256: KernelConfig(block_n=32, num_warps=4, num_stages=1),
+        },
+        reduce=KernelConfig(block_m=128, block_n=64, num_warps=4, num_stages=1),
+        store=KernelConfig(num_warps=1, num_stages=1),
+        decode_splits=DecodeSplitPolicy(programs_per_sm=4, max_splits=256, min_tiles_per_split=1),
+        default_sm_count=64,
+    ),
+    "rocm_default": ArchLaunchConfigs(
+        key="rocm_default",
+        prefill={
+            64: KernelConfig(block_m=32, block_n=32, num_warps=4, num_stages=1),
+            128: KernelConfig(block_m=32, block_n=32, num_warps=4, num_stages=1),
+            256: KernelConfig(block_m=32, block_n=16, num_warps=4, num_stages=1),
+        },
+        decode={
+            64: KernelConfig(block_n=32, num_warps=4, num_stages=1),
+            128: KernelConfig(block_n=32, num_warps=4, num_stages=1),
+            256: KernelConfig(block_n=16, num_warps=4, num_stages=1),
+        },
+        reduce=KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=1),
+        store=KernelConfig(num_warps=1, num_stages=1),
+        decode_splits=DecodeSplitPolicy(programs_per_sm=4, max_splits=128, min_tiles_per_split=1),
+        default_sm_count=32,
+    ),
+    "interpreter": ArchLaunchConfigs(
+        key="interpreter",
+        prefill={d: KernelConfig(block_m=16, block_n=16, num_warps=4, num_stages=1) for d in (64, 128, 256)},
+        # 32 does not divide the test block sizes 48/80: tiles straddle pages there.
+        decode={d: KernelConfig(block_n=32, num_warps=4, num_stages=1) for d in (64, 128, 256)},
+        # A small split chunk so that the reduce kernel's chunk loop runs more than once in tests.
+        reduce=KernelConfig(block_m=4, block_n=32, num_warps=4, num_stages=1),
+        store=KernelConfig(num_warps=1, num_stages=1),
+        decode_splits=DecodeSplitPolicy(programs_per_sm=2, max_splits=16, min_tiles_per_split=1),
+        default_sm_count=8,
+    ),
+}
+
+
+def interpreting() -> bool:
+    """True under ``TRITON_INTERPRET=1`` (Triton's CPU interpreter)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def detect_arch_key(device: Optional[torch.device] = None) -> str:
+    """The table key for ``device`` (default: the current CUDA/HIP device), ignoring the override."""
+    if interpreting() or not torch.cuda.is_available():
+        return "interpreter"
+    if device is not None and torch.device(device).type != "cuda":
+        return "interpreter"
+    if device is None or torch.device(device).index is None:
+        index = torch.cuda.current_device()
+    else:
+        index = torch.device(device).index
+    return _detect_cuda_arch_key(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _detect_cuda_arch_key(device_index: int) -> str:
+    props = torch.cuda.get_device_properties(device_index)
+    if torch.version.hip is not None:
+        arch = getattr(props, "gcnArchName", "") or ""
+        # gfx9xx: GCN/CDNA wave64 parts (DCU gfx906/926/928/936, MI200, MI300). gfx10+ is RDNA.
+        if arch.startswith("gfx9"):
+            return "rocm_gfx9"
+        return "rocm_default"
+    if props.major == 9:
+        return "cuda_sm90"
+    return "cuda_default"
+
+
+def arch_key(device: Optional[torch.device] = None) -> str:
+    """The table key in force: ``GOVINDA_KERNEL_ARCH`` if set, else the detected one."""
+    override = os.environ.get(ARCH_ENV_VAR, "").strip()
+    if override:
+        if override not in ARCH_TABLES:
+            raise ValueError(f"{ARCH_ENV_VAR}={override!r} is not one of {sorted(ARCH_TABLES)}")
+        return override
+    return detect_arch_key(device)
+
+
+def get_launch_configs(device: Optional[torch.device] = None) -> ArchLaunchConfigs:
+    return ARCH_TABLES[arch_key(device)]
+
+
+@functools.lru_cache(maxsize=None)
+def _device_sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def sm_count(device: torch.device, configs: ArchLaunchConfigs) -> int:
+    """Multiprocessors (SMs / CUs) of ``device``; the table's default when it cannot be asked."""
+    device = torch.device(device)
+    if interpreting() or device.type != "cuda":
+        return configs.default_sm_count
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _device_sm_count(index)
+
+
+def decode_num_splits(
+    num_decodes: int, num_kv_heads: int, num_sms: int, policy: DecodeSplitPolicy
+) -> int:
+    """Splits per (decode, kv head): a function of the batch shape only, so the grid is fixed
+    for a given ``num_decodes`` (CUDA-graph capturable)."""
+    programs_wanted = policy.programs_per_sm * num_sms
+    per_split = max(num_decodes * num_kv_heads, 1)
+    splits = -(-programs_wanted // per_split)
+    return max(1, min(splits, policy.max_splits))
