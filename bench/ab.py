@@ -1,0 +1,1036 @@
+#!/usr/bin/env python3
+r"""A/B runner: start the server once per side, verify its environment, benchmark, compare.
+
+For each side in turn:
+  1. give it its own compile caches (VLLM_CACHE_ROOT, TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR
+     under ``<work-dir>/<side>/cache``, wiped first unless --keep-caches), so no side can load
+     artefacts compiled by another;
+  2. start ``SERVER_CMD MODEL PORT [server_args...]`` in a new process group, output to
+     ``<work-dir>/<side>/server.log``;
+  3. while waiting for ``/health``, and once more when it answers, read the real environment of
+     every process of the server (``/proc/<pid>/environ`` of the launched process, its
+     descendants and its process group) and REFUSE the side if any declared variable differs:
+     a side's own variables must have its values, variables that only other sides set must be
+     absent, and the cache variables must point into this side's cache dir;
+  4. run bench/serve_tiers.py in-process;
+  5. stop the server (SIGTERM to the group, SIGKILL after --stop-grace seconds);
+  6. count log lines matching the configured regexes (e.g. the overlay's status line) and read
+     the overlay's dispatch counters from the side's GOVINDA_CACHE_DIR/counters/*.json.
+Sides can run one per invocation (``--only NAME``): the other sides' records are kept from the
+earlier JSON, so a run fits a time-limited machine session.
+
+Then writes ``<report-dir>/<name>.json`` (everything, rewritten after every side),
+``<name>.md`` (per tier: output tok/s, TTFT P99, TPOT P99, completion, ratios to the baseline
+side, and the SLA verdict: P99s within 1.5x of the baseline's and completion >= 99 %) and
+``<name>.png`` (when matplotlib is importable). ``--report-only NAME.json`` rebuilds md/png.
+
+Sides file (YAML or JSON; CLI flags override it; relative paths are relative to the repo root,
+which is the server's working directory). The H200 validation, for example::
+
+    name: h200-int8
+    model: models/qwen3_5-27b-shape
+    port: 8011
+    server_command: scripts/start_vllm_dev.sh     # shell words or a list
+    health_timeout_s: 900
+    env: {GOVINDA_VLLM_CMD: "python3 -m vllm.entrypoints.cli.main"}    # every side
+    server_args: [--served-model-name, m, --load-format, dummy, --language-model-only,
+                  --additional-config, '{"gdn_prefill_backend": "triton"}']   # every side
+    bench: {input_lens: [6144, 12288, 24576], output_len: 256, num_prompts: 10, vocab_limit: 8000}
+    log_patterns:          # counted in every side's log; name: regex, or {regex:, min:, max:}
+      govinda_errors: {regex: 'govinda:? ERROR', max: 0}
+      govinda_status: {regex: 'govinda \w+ \[pid \d+\] status:', max: 0}
+    sides:
+      - name: triton_bf16                        # the ROCm default path
+        env: {GOVINDA_DISABLE: "1"}
+        server_args: [--attention-backend, TRITON_ATTN]
+      - name: upstream_int8
+        env: {GOVINDA_DISABLE: "1"}
+        server_args: [--attention-backend, TRITON_ATTN, --kv-cache-dtype, int8_per_token_head]
+      - name: govinda                            # no backend flag: the overlay selects ours
+        env: {GOVINDA_DISABLE: "0"}
+        log_patterns:
+          govinda_status: {regex: 'govinda \w+ \[pid \d+\] status:', min: 1}
+          govinda_dispatch: {regex: 'dispatch counters:', min: 1}
+
+An env value of null means "must be unset". The first side is the baseline unless --baseline.
+Server command contract: it is called as ``CMD MODEL PORT [ARGS...]``; start_vllm_bench.sh takes
+no ARGS (the DCU bench path is env-only), start_vllm_dev.sh appends them to ``vllm serve``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from bench import serve_tiers  # noqa: E402
+
+SCHEMA = "govinda.ab/1"
+CACHE_SUBDIRS = {"VLLM_CACHE_ROOT": "vllm", "TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "inductor"}
+# The overlay's own cache (kernel self-test verdicts, dispatch counters): also per side, so the
+# overlay side starts as cold as on a fresh machine, unless the sides file sets it explicitly.
+OVERLAY_CACHE = ("GOVINDA_CACHE_DIR", "govinda")
+LOG_MATCHES_KEPT = 5
+LOG_TAIL_LINES = 60
+
+
+def log(message: str) -> None:
+    print(f"[ab {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- configuration
+
+
+@dataclass
+class LogPattern:
+    name: str
+    regex: str
+    min: Optional[int] = None
+    max: Optional[int] = None
+
+
+@dataclass
+class Side:
+    name: str
+    env: Dict[str, Optional[str]] = field(default_factory=dict)
+    server_args: List[str] = field(default_factory=list)
+    log_patterns: List[LogPattern] = field(default_factory=list)
+
+
+@dataclass
+class AbConfig:
+    name: str
+    model: str
+    sides: List[Side]
+    port: int = 8000
+    host: str = "127.0.0.1"
+    server_command: List[str] = field(default_factory=lambda: [str(REPO_ROOT / "scripts" / "start_vllm_bench.sh")])
+    env: Dict[str, Optional[str]] = field(default_factory=dict)  # applied to every side
+    server_args: List[str] = field(default_factory=list)  # appended for every side
+    bench: Dict[str, Any] = field(default_factory=dict)  # serve_tiers.BenchConfig fields
+    log_patterns: List[LogPattern] = field(default_factory=list)
+    baseline: Optional[str] = None
+    health_timeout_s: float = 900.0
+    stop_grace_s: float = 30.0
+    sla_factor: float = 1.5
+    min_completion: float = 0.99
+    work_dir: Optional[str] = None
+    log_dir: Optional[str] = None  # default: <work_dir>/<side>/server.log
+    report_dir: str = str(REPO_ROOT / "reports")
+    keep_caches: bool = False
+    # "tree": every process of the server; "leader": only the launched process (after its exec).
+    env_check_scope: str = "tree"
+
+    def baseline_name(self) -> str:
+        return self.baseline or self.sides[0].name
+
+    def resolved_work_dir(self) -> Path:
+        if self.work_dir:
+            return Path(self.work_dir)
+        return Path(os.environ.get("TMPDIR", "/tmp")) / "govinda-ab" / self.name
+
+
+def _env_values(raw: Any, where: str) -> Dict[str, Optional[str]]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: env must be a mapping")
+    # YAML turns 1 into an int and true into a bool; the process sees strings.
+    out: Dict[str, Optional[str]] = {}
+    for key, value in raw.items():
+        if value is None:
+            out[str(key)] = None
+        elif isinstance(value, bool):
+            out[str(key)] = "1" if value else "0"
+        else:
+            out[str(key)] = str(value)
+    return out
+
+
+def _args_list(raw: Any) -> List[str]:
+    if raw is None:
+        return []
+    if isinstance(raw, str):
+        return shlex.split(raw)
+    return [str(x) for x in raw]
+
+
+def _log_patterns(raw: Any, where: str) -> List[LogPattern]:
+    if not raw:
+        return []
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: log_patterns must map a name to a regex or {{regex, min, max}}")
+    patterns = []
+    for name, spec in raw.items():
+        if isinstance(spec, str):
+            patterns.append(LogPattern(str(name), spec))
+        else:
+            unknown = set(spec) - {"regex", "min", "max"}
+            if unknown:
+                raise ValueError(f"{where}: log pattern {name}: unknown keys {sorted(unknown)}")
+            patterns.append(LogPattern(str(name), spec["regex"], spec.get("min"), spec.get("max")))
+        re.compile(patterns[-1].regex)
+    return patterns
+
+
+def _merge_patterns(common: List[LogPattern], own: List[LogPattern]) -> List[LogPattern]:
+    merged = {p.name: p for p in common}
+    merged.update({p.name: p for p in own})
+    return list(merged.values())
+
+
+SIDE_KEYS = {"name", "env", "server_args", "log_patterns"}
+FILE_KEYS = {
+    "name", "model", "port", "host", "server_command", "env", "server_args", "bench", "log_patterns",
+    "baseline", "health_timeout_s", "stop_grace_s", "sla_factor", "min_completion", "work_dir",
+    "report_dir", "log_dir", "keep_caches", "env_check_scope", "sides",
+}
+
+
+def load_sides_file(path: str) -> Dict[str, Any]:
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        import yaml  # vLLM depends on PyYAML; JSON is valid YAML too
+
+        data = yaml.safe_load(text)
+    except ImportError:
+        data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    unknown = set(data) - FILE_KEYS
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
+    return data
+
+
+def parse_side_flag(words: List[str]) -> Side:
+    """``--side NAME KEY=VALUE ...`` (``KEY=`` sets an empty value, ``-KEY`` requires it unset)."""
+    name, *assignments = words
+    env: Dict[str, Optional[str]] = {}
+    for item in assignments:
+        if item.startswith("-") and "=" not in item:
+            env[item[1:]] = None
+        elif "=" in item:
+            key, value = item.split("=", 1)
+            env[key] = value
+        else:
+            raise ValueError(f"--side {name}: expected KEY=VALUE or -KEY, got {item!r}")
+    return Side(name=name, env=env)
+
+
+def build_config(args: argparse.Namespace) -> AbConfig:
+    data: Dict[str, Any] = load_sides_file(args.sides) if args.sides else {}
+    sides: List[Side] = []
+    for i, raw in enumerate(data.get("sides") or []):
+        unknown = set(raw) - SIDE_KEYS
+        if unknown:
+            raise ValueError(f"side {i}: unknown keys {sorted(unknown)}")
+        where = f"side {raw.get('name', i)}"
+        sides.append(
+            Side(
+                name=str(raw["name"]),
+                env=_env_values(raw.get("env"), where),
+                server_args=_args_list(raw.get("server_args")),
+                log_patterns=_log_patterns(raw.get("log_patterns"), where),
+            )
+        )
+    if args.side:
+        sides = [parse_side_flag(words) for words in args.side]  # CLI sides replace the file's
+    by_name = {s.name: s for s in sides}
+    for name, extra in args.side_args or []:
+        if name not in by_name:
+            raise ValueError(f"--side-args: no side named {name}")
+        by_name[name].server_args += shlex.split(extra)
+    if len(sides) < 2:
+        raise ValueError("need at least two sides (from --sides FILE or --side flags)")
+    if len(by_name) != len(sides):
+        raise ValueError("side names must be unique")
+
+    bench = dict(data.get("bench") or {})
+    known_bench = {f.name for f in dataclasses.fields(serve_tiers.BenchConfig)} - {"base_url", "progress"}
+    unknown = set(bench) - known_bench
+    if unknown:
+        raise ValueError(f"bench: unknown keys {sorted(unknown)} (known: {sorted(known_bench)})")
+    for key in ("input_lens", "output_len", "num_prompts", "max_concurrency", "vocab_limit", "seed"):
+        value = getattr(args, key)
+        if value is not None:
+            bench[key] = value
+
+    common_patterns = _log_patterns(data.get("log_patterns"), "log_patterns")
+    for item in args.log_pattern or []:
+        name, _, regex = item.partition("=")
+        common_patterns = _merge_patterns(common_patterns, [LogPattern(name, regex)])
+    for side in sides:
+        side.log_patterns = _merge_patterns(common_patterns, side.log_patterns)
+
+    def pick(cli_value, key, default):
+        if cli_value is not None:
+            return cli_value
+        return data.get(key, default)
+
+    server_command = pick(args.server_cmd, "server_command", None)
+    config = AbConfig(
+        name=pick(args.name, "name", None) or "ab",
+        model=pick(args.model, "model", None) or os.environ.get("MODEL") or "",
+        sides=sides,
+        port=int(pick(args.port, "port", 8000)),
+        host=pick(args.host, "host", "127.0.0.1"),
+        env=_env_values(data.get("env"), "env"),
+        server_args=_args_list(data.get("server_args")),
+        bench=bench,
+        log_patterns=common_patterns,
+        baseline=pick(args.baseline, "baseline", None),
+        health_timeout_s=float(pick(args.health_timeout, "health_timeout_s", 900.0)),
+        stop_grace_s=float(pick(args.stop_grace, "stop_grace_s", 30.0)),
+        sla_factor=float(data.get("sla_factor", 1.5)),
+        min_completion=float(data.get("min_completion", 0.99)),
+        work_dir=pick(args.work_dir, "work_dir", None),
+        log_dir=pick(args.log_dir, "log_dir", None),
+        report_dir=pick(args.report_dir, "report_dir", str(REPO_ROOT / "reports")),
+        keep_caches=bool(args.keep_caches or data.get("keep_caches", False)),
+        env_check_scope=pick(args.env_check_scope, "env_check_scope", "tree"),
+    )
+    if server_command is not None:
+        config.server_command = _args_list(server_command)
+    if not config.model:
+        raise ValueError("no model: give --model, model: in the sides file, or MODEL in the env")
+    if config.baseline_name() not in by_name:
+        raise ValueError(f"baseline {config.baseline_name()} is not a side")
+    if config.env_check_scope not in ("tree", "leader"):
+        raise ValueError("env_check_scope must be 'tree' or 'leader'")
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", config.name) or not all(
+        re.fullmatch(r"[A-Za-z0-9._-]+", s.name) for s in sides
+    ):
+        raise ValueError("run and side names may only use letters, digits, '.', '_' and '-'")
+    return config
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def _proc_stat(pid: int) -> Optional[Dict[str, Any]]:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid pgrp ..." -- comm may contain spaces and parentheses.
+    comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return {"pid": pid, "comm": comm, "state": fields[0], "ppid": int(fields[1]), "pgrp": int(fields[2])}
+
+
+def _all_processes() -> List[Dict[str, Any]]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _proc_stat(int(entry))
+            if stat is not None:
+                out.append(stat)
+    return out
+
+
+def server_processes(root_pid: int, scope: str = "tree") -> List[Dict[str, Any]]:
+    """The launched process, its live descendants and the live members of its process group."""
+    procs = [p for p in _all_processes() if p["state"] != "Z"]
+    if scope == "leader":
+        return [p for p in procs if p["pid"] == root_pid]
+    children: Dict[int, List[int]] = {}
+    for p in procs:
+        children.setdefault(p["ppid"], []).append(p["pid"])
+    wanted = {root_pid}
+    stack = [root_pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in wanted:
+                wanted.add(child)
+                stack.append(child)
+    # The group catches processes orphaned by an exiting launcher (start_new_session: pgid == pid).
+    return [p for p in procs if p["pid"] in wanted or p["pgrp"] == root_pid]
+
+
+def read_environ(pid: int) -> Optional[Dict[str, str]]:
+    """A process's environment as it was exec'd with (None if gone or unreadable)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    env = {}
+    for item in raw.split(b"\0"):
+        if b"=" in item:
+            key, value = item.split(b"=", 1)
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()[:300]
+    except OSError:
+        return ""
+
+
+def expected_env(config: AbConfig, side: Side) -> Dict[str, Optional[str]]:
+    """What the side's server must see: its values, and "unset" for keys only other sides set."""
+    expected: Dict[str, Optional[str]] = {}
+    for other in config.sides:
+        for key in other.env:
+            expected[key] = None
+    expected.update(config.env)
+    expected.update(side.env)
+    return expected
+
+
+def _inside(path: str, root: Path) -> bool:
+    try:
+        Path(path).resolve().relative_to(root.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def env_problems(environ: Dict[str, str], expected: Dict[str, Optional[str]], cache_dirs: Dict[str, str]) -> List[str]:
+    problems = []
+    for key, want in sorted(expected.items()):
+        have = environ.get(key)
+        if want is None and have is not None:
+            problems.append(f"{key}={have!r} but this side requires it unset")
+        elif want is not None and have != want:
+            problems.append(f"{key}={have!r} but this side requires {want!r}")
+    cache_root = Path(cache_dirs["VLLM_CACHE_ROOT"]).parent
+    have_root = environ.get("VLLM_CACHE_ROOT")
+    if have_root is None or Path(have_root).resolve() != Path(cache_dirs["VLLM_CACHE_ROOT"]).resolve():
+        problems.append(f"VLLM_CACHE_ROOT={have_root!r} but this side's is {cache_dirs['VLLM_CACHE_ROOT']!r}")
+    # vLLM itself repoints Triton's and Inductor's caches into VLLM_CACHE_ROOT when it compiles,
+    # so "inside the side's cache dir" is the requirement, not equality.
+    for key in sorted(set(cache_dirs) - {"VLLM_CACHE_ROOT"}):
+        have = environ.get(key)
+        if have is None or not _inside(have, cache_root):
+            problems.append(f"{key}={have!r} is not inside this side's cache dir {str(cache_root)!r}")
+    return problems
+
+
+def check_server_env(root_pid: int, expected, cache_dirs, scope: str) -> Dict[str, Any]:
+    shown_keys = sorted(set(expected) | set(cache_dirs) | {"PYTHONPATH"})
+    checked = []
+    for proc in server_processes(root_pid, scope):
+        environ = read_environ(proc["pid"])
+        if not environ:  # exited meanwhile, or a kernel thread / zombie without an environment
+            continue
+        checked.append(
+            {
+                "pid": proc["pid"],
+                "comm": proc["comm"],
+                "cmdline": _cmdline(proc["pid"]),
+                "observed": {key: environ.get(key) for key in shown_keys},
+                "problems": env_problems(environ, expected, cache_dirs),
+            }
+        )
+    ok = bool(checked) and not any(p["problems"] for p in checked)
+    return {"ok": ok, "processes": checked, "checked": len(checked)}
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        return s.connect_ex((host, port)) == 0
+
+
+_NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never proxy localhost
+
+
+def health_ok(host: str, port: int) -> bool:
+    try:
+        with _NO_PROXY_OPENER.open(f"http://{host}:{port}/health", timeout=5) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _group_alive(pgid: int) -> bool:
+    return any(p["pgrp"] == pgid and p["state"] != "Z" for p in _all_processes())
+
+
+def stop_server(proc: subprocess.Popen, grace_s: float) -> Dict[str, Any]:
+    """SIGTERM the whole process group, SIGKILL whatever is left after the grace period."""
+    pgid = proc.pid
+    started = time.monotonic()
+    killed = False
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    while time.monotonic() - started < grace_s:
+        proc.poll()
+        if not _group_alive(pgid):
+            break
+        time.sleep(0.2)
+    else:
+        killed = True
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+    return {"exit_code": proc.returncode, "sigkill": killed, "stop_s": round(time.monotonic() - started, 2)}
+
+
+def count_log_patterns(log_path: Path, patterns: List[LogPattern]) -> Dict[str, Any]:
+    try:
+        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        lines = []
+    out = {}
+    for pattern in patterns:
+        regex = re.compile(pattern.regex)
+        matches = [line for line in lines if regex.search(line)]
+        ok = (pattern.min is None or len(matches) >= pattern.min) and (
+            pattern.max is None or len(matches) <= pattern.max
+        )
+        out[pattern.name] = {
+            "regex": pattern.regex,
+            "count": len(matches),
+            "min": pattern.min,
+            "max": pattern.max,
+            "ok": ok,
+            "first_matches": [m[:300] for m in matches[:LOG_MATCHES_KEPT]],
+        }
+    return out
+
+
+def read_overlay_counters(directory: Path) -> Dict[str, Any]:
+    """The overlay's per-process dispatch counters (evidence that our kernels ran), summed."""
+    per_process = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            per_process.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            per_process.append({"file": path.name, "error": str(exc)})
+    total: Dict[str, int] = {}
+    for payload in per_process:
+        for key, value in (payload.get("counters") or {}).items():
+            total[key] = total.get(key, 0) + int(value)
+    return {"total": total, "processes": per_process}
+
+
+def _log_tail(log_path: Path) -> List[str]:
+    try:
+        return log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-LOG_TAIL_LINES:]
+    except OSError:
+        return []
+
+
+# ----------------------------------------------------------------------------- one side
+
+
+class Refused(Exception):
+    pass
+
+
+def side_cache_dirs(config: AbConfig, side: Side) -> Dict[str, str]:
+    root = config.resolved_work_dir() / side.name / "cache"
+    dirs = {key: str(root / sub) for key, sub in CACHE_SUBDIRS.items()}
+    key, sub = OVERLAY_CACHE
+    if key not in config.env and not any(key in s.env for s in config.sides):
+        dirs[key] = str(root / sub)
+    return dirs
+
+
+def side_process_env(config: AbConfig, side: Side, cache_dirs: Dict[str, str]) -> Dict[str, str]:
+    env = dict(os.environ)
+    # Drop every key any side declares, so a value exported in our own shell cannot leak into
+    # a side that did not ask for it.
+    for key in expected_env(config, side):
+        env.pop(key, None)
+    for source in (config.env, side.env):
+        env.update({k: v for k, v in source.items() if v is not None})
+    env.update(cache_dirs)
+    env["PYTHONUNBUFFERED"] = "1"  # log lines reach the file while the server runs
+    return env
+
+
+def run_side(config: AbConfig, side: Side) -> Dict[str, Any]:
+    side_dir = config.resolved_work_dir() / side.name
+    cache_dirs = side_cache_dirs(config, side)
+    cache_root = Path(cache_dirs["VLLM_CACHE_ROOT"]).parent
+    if cache_root.exists() and not config.keep_caches:
+        shutil.rmtree(cache_root)
+    for path in cache_dirs.values():
+        Path(path).mkdir(parents=True, exist_ok=True)
+    if "GOVINDA_CACHE_DIR" in cache_dirs:  # counters are evidence for this run only, even with --keep-caches
+        shutil.rmtree(Path(cache_dirs["GOVINDA_CACHE_DIR"]) / "counters", ignore_errors=True)
+    log_path = Path(config.log_dir) / f"{side.name}.server.log" if config.log_dir else side_dir / "server.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    command = config.server_command + [config.model, str(config.port)] + config.server_args + side.server_args
+    expected = expected_env(config, side)
+    record: Dict[str, Any] = {
+        "name": side.name,
+        "status": "pending",
+        "env": side.env,
+        "expected_env": expected,
+        "server_args": config.server_args + side.server_args,
+        "command": command,
+        "cache_dirs": cache_dirs,
+        "log_path": str(log_path),
+        "problems": [],
+    }
+    if port_in_use(config.host, config.port):
+        record.update(status="error", error=f"port {config.port} is already in use: refusing to start")
+        return record
+
+    log(f"side {side.name}: starting {shlex.join(command)} (log {log_path})")
+    started = time.monotonic()
+    proc = None
+    with open(log_path, "wb") as log_file:
+        try:
+            proc = subprocess.Popen(
+                command,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=side_process_env(config, side, cache_dirs),
+                cwd=str(REPO_ROOT),
+                start_new_session=True,
+            )
+            record["pid"] = proc.pid
+            _wait_until_ready(config, proc, expected, cache_dirs, record, started)
+            log(f"side {side.name}: ready after {record['startup_s']:.0f} s, environment verified; benchmarking")
+            bench_config = serve_tiers.BenchConfig(base_url=f"http://{config.host}:{config.port}", **config.bench)
+            if 99.0 not in bench_config.percentiles:
+                bench_config.percentiles.append(99.0)  # the SLA is on P99
+            bench_config.label = side.name
+            record["bench"] = serve_tiers.run(bench_config)
+            record["status"] = "ok"
+        except Refused as exc:
+            record.update(status="refused", error=str(exc))
+            log(f"side {side.name}: REFUSED: {exc}")
+        except Exception as exc:  # keep going: record the error, stop the server, next side
+            record.update(status="error", error=f"{type(exc).__name__}: {exc}")
+            log(f"side {side.name}: ERROR: {record['error']}")
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop this server, then the run
+            record.update(status="error", error="interrupted", interrupted=True)
+            log(f"side {side.name}: interrupted")
+        finally:
+            if proc is not None:
+                log(f"side {side.name}: stopping server")
+                record["stop"] = stop_server(proc, config.stop_grace_s)
+                deadline = time.monotonic() + config.stop_grace_s
+                while port_in_use(config.host, config.port) and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                if port_in_use(config.host, config.port):
+                    record["problems"].append(f"port {config.port} still in use after stopping the server")
+    record["log_counts"] = count_log_patterns(log_path, side.log_patterns)
+    if "GOVINDA_CACHE_DIR" in cache_dirs:
+        record["govinda_counters"] = read_overlay_counters(Path(cache_dirs["GOVINDA_CACHE_DIR"]) / "counters")
+    for name, count in record["log_counts"].items():
+        if not count["ok"]:
+            record["problems"].append(
+                f"log pattern {name} ({count['regex']!r}) matched {count['count']} lines, "
+                f"expected min {count['min']} max {count['max']}"
+            )
+    if record["status"] != "ok":
+        record["log_tail"] = _log_tail(log_path)
+    return record
+
+
+def _wait_until_ready(config, proc, expected, cache_dirs, record, started) -> None:
+    """Poll /health; check the environment on every poll so a wrong side is refused early."""
+    while True:
+        check = check_server_env(proc.pid, expected, cache_dirs, config.env_check_scope)
+        if check["processes"] and not check["ok"]:
+            record["env_check"] = check
+            raise Refused(_describe_env_failure(check))
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with code {proc.returncode} before /health answered")
+        if health_ok(config.host, config.port):
+            break
+        if time.monotonic() - started > config.health_timeout_s:
+            raise RuntimeError(f"/health did not answer within {config.health_timeout_s:.0f} s")
+        time.sleep(0.5)
+    record["startup_s"] = round(time.monotonic() - started, 1)
+    check = check_server_env(proc.pid, expected, cache_dirs, config.env_check_scope)
+    record["env_check"] = check
+    if not check["ok"]:
+        raise Refused(_describe_env_failure(check) if check["processes"] else "no server process environment could be read")
+
+
+def _describe_env_failure(check: Dict[str, Any]) -> str:
+    bad = [p for p in check["processes"] if p["problems"]]
+    first = bad[0]
+    return f"environment mismatch in pid {first['pid']} ({first['comm']}): " + "; ".join(first["problems"])
+
+
+# ----------------------------------------------------------------------------- analysis
+
+
+def tier_rows(result: Dict[str, Any]) -> Dict[str, Any]:
+    """Per tier and side: the scored metrics, ratios to the baseline and the SLA verdict."""
+    config = result["config"]
+    factor = config["sla_factor"]
+    min_completion = config["min_completion"]
+    baseline = result["baseline"]
+    sides = result["sides"]
+    per_side: Dict[str, Dict[int, Dict[str, Any]]] = {}
+    input_lens: List[int] = []
+    for side in sides:
+        tiers = {}
+        for tier in (side.get("bench") or {}).get("tiers", []):
+            n = tier["requested_input_len"]
+            tiers[n] = tier
+            if n not in input_lens:
+                input_lens.append(n)
+        per_side[side["name"]] = tiers
+    rows: Dict[str, Any] = {}
+    for n in input_lens:
+        base = per_side.get(baseline, {}).get(n)
+        rows[str(n)] = []
+        for side in sides:
+            tier = per_side[side["name"]].get(n)
+            row: Dict[str, Any] = {"side": side["name"], "status": side["status"]}
+            if tier is None:
+                row.update(verdict="NO DATA", score=0.0)
+                rows[str(n)].append(row)
+                continue
+            row.update(
+                output_throughput=tier["output_throughput"],
+                p99_ttft_ms=tier.get("p99_ttft_ms"),
+                p99_tpot_ms=tier.get("p99_tpot_ms"),
+                completion_rate=tier["completion_rate"],
+                completed=tier["completed"],
+                num_prompts=tier["num_prompts"],
+            )
+            reasons = []
+            if side["status"] != "ok" or side.get("problems"):
+                reasons.append("side invalid")
+            if tier["completion_rate"] < min_completion:
+                reasons.append(f"completion {tier['completion_rate']:.1%} < {min_completion:.0%}")
+            if base is not None:
+                for key, label in (("p99_ttft_ms", "TTFT"), ("p99_tpot_ms", "TPOT")):
+                    ratio = _ratio(tier.get(key), base.get(key))
+                    row[f"{key}_ratio"] = ratio
+                    if ratio is None or ratio > factor:
+                        reasons.append(f"{label} P99 {_fmt_ratio(ratio)} of baseline > {factor}x")
+                row["output_throughput_ratio"] = _ratio(tier["output_throughput"], base["output_throughput"])
+                row["verdict"] = "PASS" if not reasons else "FAIL: " + "; ".join(reasons)
+            else:
+                row["verdict"] = "NO BASELINE"
+            row["score"] = tier["output_throughput"] if row["verdict"] == "PASS" else 0.0
+            rows[str(n)].append(row)
+    return rows
+
+
+def _ratio(value, base) -> Optional[float]:
+    if value is None or base is None or base == 0:
+        return None
+    return value / base
+
+
+def _fmt_ratio(ratio: Optional[float]) -> str:
+    return "n/a" if ratio is None else f"{ratio:.3f}x"
+
+
+def _fmt(value, digits=1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def render_markdown(result: Dict[str, Any], png_note: str) -> str:
+    config = result["config"]
+    rows = result["sla"]
+    bench = config.get("bench") or {}
+    lines = [
+        f"# A/B serving benchmark: {result['name']}",
+        "",
+        f"- date: {result['date']}; host: {result.get('host', {}).get('node', '?')}; "
+        f"repo commit: {result.get('repo', {}).get('commit') or 'n/a'}"
+        f"{' (uncommitted changes)' if result.get('repo', {}).get('dirty') else ''}"
+        + (f"; sides measured in {len(result['runs'])} runs (see 'measured')" if len(result.get("runs", [])) > 1 else ""),
+        f"- model: `{config['model']}`; server command: `{shlex.join(config['server_command'])} MODEL PORT [ARGS]`",
+        f"- workload: {bench.get('num_prompts', serve_tiers.BenchConfig.num_prompts)} prompts per tier, "
+        f"{bench.get('output_len', serve_tiers.BenchConfig.output_len)} output tokens, concurrency "
+        f"{bench.get('max_concurrency', 1)}, ignore_eos, random token-id prompts (no prefix reuse)",
+        f"- baseline side: **{result['baseline']}**; SLA: TTFT P99 and TPOT P99 <= {config['sla_factor']}x the "
+        f"baseline's, completion >= {config['min_completion']:.0%}; score = output tok/s if PASS else 0",
+        "- P99 over few requests is close to the worst request: read it as a max, not a tail estimate.",
+        "",
+        "## Sides",
+        "",
+        "| side | status | env | server args | start-up s | env check | log counts | measured | problems |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for side in result["sides"]:
+        env = ", ".join(f"{k}={'<unset>' if v is None else v}" for k, v in side.get("env", {}).items()) or "-"
+        check = side.get("env_check") or {}
+        check_text = (
+            f"ok ({check.get('checked', 0)} processes)" if check.get("ok") else ("FAILED" if check else "not run")
+        )
+        counts = ", ".join(f"{k}: {v['count']}" for k, v in (side.get("log_counts") or {}).items()) or "-"
+        problems = "; ".join(side.get("problems") or [])
+        if side.get("error"):
+            problems = (side["error"] + ("; " + problems if problems else "")).replace("|", "/")
+        measured = side.get("measured") or {}
+        commit = (measured.get("repo") or {}).get("commit") or "no commit"
+        dirty = "+dirty" if (measured.get("repo") or {}).get("dirty") else ""
+        when = f"{measured.get('date', '?')} on {(measured.get('host') or {}).get('node', '?')}, {commit[:10]}{dirty}"
+        lines.append(
+            f"| {side['name']} | {side['status']} | {env} | {' '.join(side.get('server_args') or []) or '-'} | "
+            f"{_fmt(side.get('startup_s'), 0)} | {check_text} | {counts} | {when} | {problems or '-'} |"
+        )
+    counted = [s for s in result["sides"] if (s.get("govinda_counters") or {}).get("total")]
+    if counted:
+        lines += ["", "Overlay dispatch counters (summed over processes; decode graph replays are not counted):"]
+        for side in counted:
+            total = side["govinda_counters"]["total"]
+            lines.append(f"- {side['name']}: " + ", ".join(f"{k}={v}" for k, v in sorted(total.items())))
+    for input_len, tier_rows_ in rows.items():
+        lines += [
+            "",
+            f"## Input {input_len} tokens",
+            "",
+            "| side | output tok/s | vs base | TTFT P99 ms | vs base | TPOT P99 ms | vs base | completion | SLA | score |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for row in tier_rows_:
+            if "output_throughput" not in row:
+                lines.append(f"| {row['side']} | - | - | - | - | - | - | - | {row['verdict']} | 0 |")
+                continue
+            lines.append(
+                f"| {row['side']} | {row['output_throughput']:.2f} | {_fmt_ratio(row.get('output_throughput_ratio'))} | "
+                f"{_fmt(row['p99_ttft_ms'])} | {_fmt_ratio(row.get('p99_ttft_ms_ratio'))} | "
+                f"{_fmt(row['p99_tpot_ms'], 2)} | {_fmt_ratio(row.get('p99_tpot_ms_ratio'))} | "
+                f"{row['completed']}/{row['num_prompts']} ({row['completion_rate']:.0%}) | {row['verdict']} | "
+                f"{row['score']:.2f} |"
+            )
+    lines += ["", "## Score per side (sum over tiers of PASS tok/s)", "", "| side | score | tiers passed |", "|---|---|---|"]
+    for side in result["sides"]:
+        mine = [r for tier in rows.values() for r in tier if r["side"] == side["name"]]
+        passed = sum(1 for r in mine if r["verdict"] == "PASS")
+        lines.append(f"| {side['name']} | {sum(r['score'] for r in mine):.2f} | {passed}/{len(mine)} |")
+    lines += ["", png_note, ""]
+    return "\n".join(lines)
+
+
+def render_png(result: Dict[str, Any], path: Path) -> str:
+    """Bars per tier and side for tok/s, TTFT P99, TPOT P99. Returns the note for the md."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "Plot skipped: matplotlib is not importable here (rerun with --report-only where it is)."
+    try:
+        return _draw_png(result, path, plt)
+    except Exception as exc:  # a plotting bug must not lose the measured results
+        return f"Plot failed: {type(exc).__name__}: {exc}"
+
+
+def _draw_png(result: Dict[str, Any], path: Path, plt) -> str:
+    rows = result["sla"]
+    tiers = list(rows)
+    sides = [s["name"] for s in result["sides"]]
+    metrics = (("output_throughput", "output tok/s (higher is better)"),
+               ("p99_ttft_ms", "TTFT P99 ms"), ("p99_tpot_ms", "TPOT P99 ms"))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    width = 0.8 / max(1, len(sides))
+    for ax, (key, title) in zip(axes, metrics):
+        for i, side in enumerate(sides):
+            values = []
+            for tier in tiers:
+                row = next((r for r in rows[tier] if r["side"] == side), {})
+                values.append(row.get(key) or 0.0)
+            positions = [t + (i - (len(sides) - 1) / 2) * width for t in range(len(tiers))]
+            ax.bar(positions, values, width, label=side)
+        if key != "output_throughput":  # the SLA limit: factor x the baseline's P99
+            for t, tier in enumerate(tiers):
+                base = next((r for r in rows[tier] if r["side"] == result["baseline"]), {}).get(key)
+                if base:
+                    limit = base * result["config"]["sla_factor"]
+                    ax.hlines(limit, t - 0.45, t + 0.45, colors="red", linestyles="dashed",
+                              label="SLA limit" if t == 0 else None)
+        ax.set_xticks(range(len(tiers)))
+        ax.set_xticklabels([f"{t} in" for t in tiers])
+        ax.set_title(title)
+        ax.grid(axis="y", alpha=0.3)
+    handles, labels = axes[1].get_legend_handles_labels()  # sides plus the SLA limit marker
+    fig.legend(handles, labels, loc="upper right", ncol=len(labels), fontsize="small")
+    fig.suptitle(f"{result['name']} (baseline: {result['baseline']})", x=0.02, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"![A/B plot]({path.name})"
+
+
+def write_reports(result: Dict[str, Any], report_dir: Path, with_png: bool = True) -> Dict[str, Path]:
+    report_dir.mkdir(parents=True, exist_ok=True)
+    name = result["name"]
+    result["sla"] = tier_rows(result)
+    paths = {"json": report_dir / f"{name}.json", "md": report_dir / f"{name}.md", "png": report_dir / f"{name}.png"}
+    paths["json"].write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
+    note = render_png(result, paths["png"]) if with_png else "Plot not generated yet (run in progress)."
+    paths["md"].write_text(render_markdown(result, note), encoding="utf-8")
+    return paths
+
+
+def _repo_state() -> Dict[str, Any]:
+    def git(*words):
+        try:
+            return subprocess.run(
+                ["git", *words], cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {"commit": git("rev-parse", "--verify", "-q", "HEAD") or None, "dirty": bool(git("--no-optional-locks", "status", "--porcelain"))}
+
+
+def _device_info() -> Dict[str, str]:
+    info = {}
+    for tool, words in (("nvidia-smi", ["--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]),
+                        ("rocm-smi", ["--showproductname"]),
+                        ("hy-smi", [])):
+        if shutil.which(tool):
+            try:
+                info[tool] = subprocess.run([tool, *words], capture_output=True, text=True, timeout=20).stdout.strip()[:2000]
+            except (OSError, subprocess.SubprocessError) as exc:
+                info[tool] = f"error: {exc}"
+    return info
+
+
+def run_ab(config: AbConfig, only: Optional[List[str]] = None, merge_with: Optional[str] = None) -> Dict[str, Any]:
+    """Run every side (or only the named ones, keeping the other sides' records from an earlier
+    result: one side per invocation fits a time-limited machine session)."""
+    report_dir = Path(config.report_dir)
+    previous: Dict[str, Any] = {}
+    source = Path(merge_with) if merge_with else (report_dir / f"{config.name}.json" if only else None)
+    if source is not None and source.exists():
+        previous = json.loads(source.read_text(encoding="utf-8"))
+        log(f"keeping the other sides' results from {source}")
+    elif merge_with:
+        raise FileNotFoundError(f"--merge-with {merge_with}: no such file")
+    this_run = {
+        "date": datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
+        "host": {"node": platform.node(), "python": platform.python_version()},
+        "repo": _repo_state(),
+        "device": _device_info(),
+        "inherited_govinda_env": {k: v for k, v in os.environ.items() if k.startswith("GOVINDA_")},
+    }
+    result: Dict[str, Any] = {
+        "schema": SCHEMA,
+        "name": config.name,
+        "baseline": config.baseline_name(),
+        "config": dataclasses.asdict(config),
+        **this_run,
+        "runs": previous.get("runs", []) + [dict(this_run, sides=[s.name for s in config.sides if not only or s.name in only])],
+        "sides": [],
+    }
+    prior = {record["name"]: record for record in previous.get("sides", [])}
+    records: List[Optional[Dict[str, Any]]] = [prior.get(side.name) for side in config.sides]
+    # Sides of the earlier result that this config no longer has are kept, not silently dropped.
+    extra = [r for name, r in prior.items() if name not in {s.name for s in config.sides}]
+
+    def publish(with_png: bool):
+        result["sides"] = [r for r in records if r is not None] + extra
+        return write_reports(result, report_dir, with_png=with_png)
+
+    config.resolved_work_dir().mkdir(parents=True, exist_ok=True)
+    to_run = [i for i, side in enumerate(config.sides) if not only or side.name in only]
+    for count, i in enumerate(to_run, start=1):
+        side = config.sides[i]
+        log(f"=== side {count}/{len(to_run)}: {side.name}")
+        (config.resolved_work_dir() / side.name).mkdir(parents=True, exist_ok=True)
+        record = run_side(config, side)
+        record["measured"] = {k: this_run[k] for k in ("date", "host", "repo")}
+        records[i] = record
+        publish(with_png=False)  # partial results survive a crash
+        if record.get("interrupted"):
+            break
+    paths = publish(with_png=True)
+    log(f"wrote {paths['json']}, {paths['md']}" + (f", {paths['png']}" if paths["png"].exists() else ""))
+    return result
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="A/B serving benchmark (see the module docstring)")
+    p.add_argument("--sides", help="YAML or JSON file defining the run and its sides")
+    p.add_argument("--side", nargs="+", action="append", metavar="NAME [KEY=VALUE|-KEY ...]",
+                   help="define a side on the command line (repeat; replaces the file's sides)")
+    p.add_argument("--side-args", nargs=2, action="append", metavar=("NAME", "ARGS"),
+                   help="extra server args for a side, one shell-quoted string (dev server only)")
+    p.add_argument("--name", help="report name: reports/<name>.{json,md,png}")
+    p.add_argument("--model")
+    p.add_argument("--port", type=int)
+    p.add_argument("--host")
+    p.add_argument("--server-cmd", help="server command (shell words); called as CMD MODEL PORT [ARGS]")
+    p.add_argument("--baseline", help="side the others are compared with (default: the first)")
+    p.add_argument("--health-timeout", type=float, help="seconds to wait for /health (default 900)")
+    p.add_argument("--stop-grace", type=float, help="seconds between SIGTERM and SIGKILL (default 30)")
+    p.add_argument("--input-lens", type=serve_tiers.parse_int_list)
+    p.add_argument("--output-len", type=int)
+    p.add_argument("--num-prompts", type=int)
+    p.add_argument("--max-concurrency", type=int)
+    p.add_argument("--vocab-limit", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--log-pattern", action="append", metavar="NAME=REGEX", help="count matching server log lines")
+    p.add_argument("--work-dir", help="server logs and per-side caches (default $TMPDIR/govinda-ab/<name>)")
+    p.add_argument("--log-dir", help="server logs as <side>.server.log (default: in the work dir, beside the caches)")
+    p.add_argument("--report-dir", help="where <name>.json/.md/.png go (default <repo>/reports)")
+    p.add_argument("--keep-caches", action="store_true", help="reuse each side's caches from an earlier run")
+    p.add_argument("--env-check-scope", choices=("tree", "leader"))
+    p.add_argument("--only", action="append", metavar="SIDE",
+                   help="run only this side (repeatable); the other sides' records are kept from "
+                        "<report-dir>/<name>.json or --merge-with")
+    p.add_argument("--merge-with", metavar="JSON", help="earlier result whose other sides' records to keep")
+    p.add_argument("--report-only", metavar="JSON", help="rebuild md/png from an existing result JSON")
+    return p
+
+
+def _exit_code(result: Dict[str, Any]) -> int:
+    bad = [s for s in result["sides"] if s["status"] != "ok" or s.get("problems")]
+    return 0 if not bad else 2
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_arg_parser().parse_args(argv)
+    if args.report_only:
+        source = Path(args.report_only)
+        result = json.loads(source.read_text(encoding="utf-8"))
+        paths = write_reports(result, Path(args.report_dir) if args.report_dir else source.parent)
+        log(f"rebuilt {paths['md']}" + (f" and {paths['png']}" if paths["png"].exists() else ""))
+        return _exit_code(result)
+    config = build_config(args)
+    unknown = set(args.only or []) - {side.name for side in config.sides}
+    if unknown:
+        raise SystemExit(f"--only: no side named {sorted(unknown)}")
+
+    def on_sigterm(_signum, _frame):
+        raise KeyboardInterrupt  # unwinds through run_side's finally: the server is stopped
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    result = run_ab(config, only=args.only, merge_with=args.merge_with)
+    return _exit_code(result)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

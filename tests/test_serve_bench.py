@@ -1,0 +1,498 @@
+"""CPU tests of the serving benchmark tools against tests/fake_openai_server.py.
+
+Timing assertions only use bounds derived from the fake server's configured delays with wide
+margins (a loaded 2-core CI machine adds latency, never removes it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:  # also runs without PYTHONPATH=<repo>
+    sys.path.insert(0, str(REPO_ROOT))
+
+from bench import ab, serve_tiers  # noqa: E402
+
+FAKE_SERVER = REPO_ROOT / "tests" / "fake_openai_server.py"
+PYTHON = sys.executable
+
+# Field names that `vllm bench serve --save-result --save-detailed` writes (vllm/benchmarks/serve.py).
+VLLM_RESULT_FIELDS = {
+    "date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
+    "request_rate", "burstiness", "max_concurrency", "duration", "completed", "failed",
+    "total_input_tokens", "total_output_tokens", "request_throughput", "request_goodput",
+    "output_throughput", "total_token_throughput", "input_lens", "output_lens", "ttfts", "itls",
+    "start_times", "generated_texts", "errors", "max_output_tokens_per_s", "max_concurrent_requests",
+    "rtfx",
+} | {
+    f"{stat_}_{metric}_ms"
+    for stat_ in ("mean", "median", "std", "p50", "p90", "p99")
+    for metric in ("ttft", "tpot", "itl", "e2el")
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str):
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def wait_for_health(port: int, proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "fake server exited during start-up"
+        if ab.health_ok("127.0.0.1", port):
+            return
+        time.sleep(0.1)
+    raise AssertionError("fake server did not answer /health")
+
+
+class FakeServer:
+    def __init__(self, *flags: str, env=None) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [PYTHON, str(FAKE_SERVER), "fake-model", str(self.port), *flags],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        wait_for_health(self.port, self.proc)
+        self.base_url = f"http://127.0.0.1:{self.port}"
+
+    def requests(self):
+        return get_json(self.base_url + "/debug/requests")
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def fake_server_factory():
+    servers = []
+
+    def start(*flags: str, env=None) -> FakeServer:
+        server = FakeServer(*flags, env=env)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def linear_percentile(values, q):
+    """Independent linear-interpolation percentile (numpy's default method)."""
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+# ----------------------------------------------------------------------------- serve_tiers
+
+
+def test_tier_metrics_follow_vllm_formulas():
+    config = serve_tiers.BenchConfig(output_len=5, percentiles=[50.0, 90.0, 99.0])
+    results = []
+    for i, (ttft, gap) in enumerate([(0.10, 0.020), (0.30, 0.025), (0.20, 0.030), (0.25, 0.010)]):
+        r = serve_tiers.RequestResult(prompt_len=100, requested_output_len=5)
+        r.success, r.ttft, r.itl, r.output_tokens = True, ttft, [gap] * 4, 5
+        r.latency, r.start_time = ttft + 4 * gap, float(i)
+        results.append(r)
+    failed = serve_tiers.RequestResult(prompt_len=100, requested_output_len=5, error="HTTP 500")
+    results.append(failed)
+
+    tier = serve_tiers.summarize_tier(results, duration_s=4.0, input_len=100, config=config, model="m")
+
+    ok = results[:4]
+    tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok]
+    assert tier["completed"] == 4 and tier["failed"] == 1
+    assert tier["completion_rate"] == pytest.approx(0.8)
+    assert tier["output_lens"] == [5, 5, 5, 5, 0]
+    assert tier["total_output_tokens"] == 20
+    assert tier["total_input_tokens"] == 400
+    assert tier["output_throughput"] == pytest.approx(20 / 4.0)
+    assert tier["request_throughput"] == pytest.approx(4 / 4.0)
+    assert tier["tpots"][:4] == pytest.approx(tpots)
+    assert tier["tpots"][4] is None
+    assert tier["mean_ttft_ms"] == pytest.approx(1000 * sum(r.ttft for r in ok) / 4)
+    assert tier["median_ttft_ms"] == pytest.approx(1000 * linear_percentile([r.ttft for r in ok], 50))
+    for q in (50, 90, 99):
+        assert tier[f"p{q}_ttft_ms"] == pytest.approx(1000 * linear_percentile([r.ttft for r in ok], q))
+        assert tier[f"p{q}_tpot_ms"] == pytest.approx(1000 * linear_percentile(tpots, q))
+        assert tier[f"p{q}_e2el_ms"] == pytest.approx(1000 * linear_percentile([r.latency for r in ok], q))
+    all_itls = [x for r in ok for x in r.itl]
+    assert tier["p99_itl_ms"] == pytest.approx(1000 * linear_percentile(all_itls, 99))
+    assert tier["std_itl_ms"] == pytest.approx(1000 * float(np.std(all_itls)))
+    assert VLLM_RESULT_FIELDS <= set(tier)
+
+
+def test_prompts_are_distinct_bounded_and_reproducible():
+    prompts = [serve_tiers.make_prompt(g, 64, seed=3, vocab_floor=100, vocab_limit=8000) for g in range(500)]
+    assert all(len(p) == 64 for p in prompts)
+    assert all(100 <= x < 8000 for p in prompts for x in p)
+    # The first two ids spell the request index, so no two prompts share a first KV block.
+    assert len({tuple(p[:2]) for p in prompts}) == len(prompts)
+    assert serve_tiers.make_prompt(7, 64, 3, 100, 8000) == prompts[7]
+    assert serve_tiers.make_prompt(7, 64, 4, 100, 8000) != prompts[7]
+
+
+def test_client_measures_fake_server_delays(fake_server_factory, tmp_path):
+    ttft_s, token_delay_s, output_len = 0.08, 0.02, 6
+    server = fake_server_factory("--ttft", str(ttft_s), "--token-delay", str(token_delay_s))
+    result_file = tmp_path / "result.json"
+    code = serve_tiers.main([
+        "--base-url", server.base_url, "--input-lens", "32,48", "--output-len", str(output_len),
+        "--num-prompts", "3", "--vocab-limit", "500", "--vocab-floor", "10",
+        "--result-file", str(result_file), "--quiet",
+    ])
+    assert code == 0
+    result = json.loads(result_file.read_text())
+    assert result["model_id"] == "fake-model"
+    assert len(result["warmup"]) == 1 and result["warmup"][0]["success"]
+    assert [t["requested_input_len"] for t in result["tiers"]] == [32, 48]
+    for tier in result["tiers"]:
+        assert VLLM_RESULT_FIELDS <= set(tier)
+        assert tier["completed"] == 3 and tier["failed"] == 0 and tier["completion_rate"] == 1.0
+        assert tier["output_lens"] == [output_len] * 3
+        assert tier["total_output_tokens"] == 3 * output_len
+        assert tier["input_lens"] == [tier["requested_input_len"]] * 3
+        assert all(len(itl) == output_len - 1 for itl in tier["itls"])
+        for ttft in tier["ttfts"]:
+            assert ttft_s <= ttft < ttft_s + 1.0
+        for tpot, ttft, e2el, itl in zip(tier["tpots"], tier["ttfts"], tier["e2els"], tier["itls"]):
+            # Generous: client-side scheduling can shift when the first chunk is read.
+            assert 0.5 * token_delay_s <= tpot < token_delay_s + 0.5
+            assert sum(itl) == pytest.approx(e2el - ttft)
+            assert tpot == pytest.approx((e2el - ttft) / (output_len - 1))
+        assert tier["mean_ttft_ms"] == pytest.approx(1000 * float(np.mean(tier["ttfts"])))
+        assert tier["p99_ttft_ms"] == pytest.approx(1000 * linear_percentile(tier["ttfts"], 99))
+        assert tier["output_throughput"] == pytest.approx(tier["total_output_tokens"] / tier["duration"])
+        # One request at a time: the tier lasts at least the sum of its requests' latencies.
+        assert tier["duration"] >= sum(tier["e2els"])
+
+    seen = server.requests()
+    assert len(seen) == 1 + 6  # warm-up + two tiers of three
+    assert all(r["ignore_eos"] is True and r["stream"] is True for r in seen)
+    assert all(r["max_tokens"] == output_len for r in seen)
+    assert all(10 <= r["min_id"] and r["max_id"] < 500 for r in seen)
+    assert len({tuple(r["first_ids"][:2]) for r in seen}) == len(seen)
+
+
+def test_client_counts_failed_and_short_requests(fake_server_factory):
+    server = fake_server_factory("--ttft", "0.001", "--token-delay", "0.001", "--fail-every", "3", "--short-every", "4")
+    config = serve_tiers.BenchConfig(
+        base_url=server.base_url, input_lens=[16], output_len=4, num_prompts=6, warmup_requests=0, progress=False
+    )
+    tier = serve_tiers.run(config)["tiers"][0]
+    # Requests 3 and 6 get HTTP 500, request 4 returns 2 of 4 tokens.
+    assert tier["completed"] == 3 and tier["failed"] == 3
+    assert tier["completion_rate"] == pytest.approx(0.5)
+    assert tier["successes"] == [True, True, False, False, True, False]
+    assert "HTTP 500" in tier["errors"][2] and "HTTP 500" in tier["errors"][5]
+    assert "short output" in tier["errors"][3]
+    assert tier["output_lens"] == [4, 4, 0, 0, 4, 0]
+    assert tier["total_output_tokens"] == 12
+
+    config.allow_short_output = True
+    tier = serve_tiers.run(config)["tiers"][0]  # the server's counter continues at 7
+    # Requests 7-12: 9 and 12 get HTTP 500; 8 is short, which now counts with its 2 tokens.
+    assert tier["successes"] == [True, True, False, True, True, False]
+    assert tier["output_lens"] == [4, 2, 0, 4, 4, 0]
+
+
+# ----------------------------------------------------------------------------- ab: env checks
+
+
+def _config(tmp_path, sides, **overrides) -> ab.AbConfig:
+    values = dict(name="t", model="m", sides=sides, work_dir=str(tmp_path / "work"), report_dir=str(tmp_path / "rep"))
+    values.update(overrides)
+    return ab.AbConfig(**values)
+
+
+def test_expected_env_and_problems(tmp_path):
+    a = ab.Side("a", env={"GOVINDA_DISABLE": "1"})
+    b = ab.Side("b", env={"GOVINDA_DISABLE": "0", "GOVINDA_PATCHES_FILE": "p.yaml"})
+    config = _config(tmp_path, [a, b])
+    assert ab.expected_env(config, a) == {"GOVINDA_DISABLE": "1", "GOVINDA_PATCHES_FILE": None}
+    assert ab.expected_env(config, b) == {"GOVINDA_DISABLE": "0", "GOVINDA_PATCHES_FILE": "p.yaml"}
+
+    caches = ab.side_cache_dirs(config, a)
+    assert caches != ab.side_cache_dirs(config, b)
+    good = dict(caches, GOVINDA_DISABLE="1")
+    assert ab.env_problems(good, ab.expected_env(config, a), caches) == []
+    # vLLM repoints Triton/Inductor caches inside VLLM_CACHE_ROOT: still this side's.
+    inside = dict(good, TRITON_CACHE_DIR=caches["VLLM_CACHE_ROOT"] + "/torch_compile_cache/x/triton_cache")
+    assert ab.env_problems(inside, ab.expected_env(config, a), caches) == []
+
+    wrong_value = ab.env_problems(dict(good, GOVINDA_DISABLE="0"), ab.expected_env(config, a), caches)
+    leaked = ab.env_problems(dict(good, GOVINDA_PATCHES_FILE="p.yaml"), ab.expected_env(config, a), caches)
+    missing = ab.env_problems({k: v for k, v in good.items() if k != "GOVINDA_DISABLE"}, ab.expected_env(config, a), caches)
+    shared_cache = ab.env_problems(
+        dict(good, TRITON_CACHE_DIR=ab.side_cache_dirs(config, b)["TRITON_CACHE_DIR"]), ab.expected_env(config, a), caches
+    )
+    assert len(wrong_value) == 1 and "GOVINDA_DISABLE" in wrong_value[0]
+    assert len(leaked) == 1 and "requires it unset" in leaked[0]
+    assert len(missing) == 1 and "GOVINDA_DISABLE=None" in missing[0]
+    assert len(shared_cache) == 1 and "TRITON_CACHE_DIR" in shared_cache[0]
+
+
+def test_proc_environ_matches_what_the_server_sees(tmp_path, fake_server_factory, monkeypatch):
+    a = ab.Side("a", env={"GOVINDA_DISABLE": "1", "GOVINDA_LOG_LEVEL": "debug"})
+    b = ab.Side("b", env={"GOVINDA_PATCHES_FILE": "p.yaml"})
+    config = _config(tmp_path, [a, b])
+    caches = ab.side_cache_dirs(config, a)
+    # A key exported in the runner's own shell must not leak into a side that did not set it.
+    monkeypatch.setenv("GOVINDA_PATCHES_FILE", "exported-in-my-shell")
+    env = ab.side_process_env(config, a, caches)
+    assert "GOVINDA_PATCHES_FILE" not in env
+
+    server = fake_server_factory(env=env)
+    seen_by_server = get_json(server.base_url + "/debug/env")
+    check = ab.check_server_env(server.proc.pid, ab.expected_env(config, a), caches, "tree")
+    assert check["ok"], check
+    (proc,) = check["processes"]
+    assert proc["pid"] == seen_by_server["pid"]
+    for key in ("GOVINDA_DISABLE", "GOVINDA_LOG_LEVEL", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):
+        assert proc["observed"][key] == seen_by_server["env"][key]
+    assert "GOVINDA_PATCHES_FILE" not in seen_by_server["env"] and proc["observed"]["GOVINDA_PATCHES_FILE"] is None
+
+    # The same server judged as side b (which needs GOVINDA_PATCHES_FILE) is refused.
+    refused = ab.check_server_env(server.proc.pid, ab.expected_env(config, b), caches, "tree")
+    assert not refused["ok"]
+    assert any("GOVINDA_PATCHES_FILE" in p for p in refused["processes"][0]["problems"])
+
+
+# ----------------------------------------------------------------------------- ab: end to end
+
+
+def _launcher(tmp_path: Path, name: str, body: str) -> str:
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + textwrap.dedent(body))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def _sides_file(tmp_path: Path, data) -> str:
+    path = tmp_path / "sides.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_ab_two_sides_caches_log_counts_sla_and_report(tmp_path):
+    launcher = _launcher(tmp_path, "serve.sh", f'exec "{PYTHON}" "{FAKE_SERVER}" --token-delay 0.002 "$@"\n')
+    sides = _sides_file(tmp_path, {
+        "name": "abtest",
+        "model": "fake-model",
+        "server_command": launcher,
+        "health_timeout_s": 30,
+        "stop_grace_s": 5,
+        "bench": {"input_lens": [32], "output_len": 4, "num_prompts": 2},
+        "log_patterns": {"govinda_status": "govinda:"},
+        "sides": [
+            {"name": "baseline", "env": {"GOVINDA_DISABLE": 1}, "server_args": ["--ttft", "0.005"],
+             "log_patterns": {"govinda_status": {"regex": "govinda:", "max": 0}}},
+            {"name": "govinda", "env": {"GOVINDA_DISABLE": 0, "GOVINDA_PATCHES_FILE": "p.yaml"},
+             "server_args": ["--ttft", "0.5"],
+             "log_patterns": {"govinda_status": {"regex": "govinda:", "min": 1}}},
+        ],
+    })
+    port = free_port()
+    code = ab.main(["--sides", sides, "--port", str(port), "--work-dir", str(tmp_path / "work"),
+                    "--report-dir", str(tmp_path / "reports")])
+    assert code == 0
+    result = json.loads((tmp_path / "reports" / "abtest.json").read_text())
+    base, gov = result["sides"]
+    assert base["status"] == "ok" and gov["status"] == "ok"
+    assert base["problems"] == [] and gov["problems"] == []
+    # Exec'ing launcher: the checked process is the server itself, with this side's values.
+    for side, disable, patches in ((base, "1", None), (gov, "0", "p.yaml")):
+        assert side["env_check"]["ok"] and side["env_check"]["checked"] >= 1
+        observed = side["env_check"]["processes"][0]["observed"]
+        assert observed["GOVINDA_DISABLE"] == disable
+        assert observed["GOVINDA_PATCHES_FILE"] == patches
+        assert observed["VLLM_CACHE_ROOT"] == side["cache_dirs"]["VLLM_CACHE_ROOT"]
+        assert str(tmp_path / "work" / side["name"]) in observed["TRITON_CACHE_DIR"]
+    assert not set(base["cache_dirs"].values()) & set(gov["cache_dirs"].values())
+    assert base["log_counts"]["govinda_status"]["count"] == 0
+    assert gov["log_counts"]["govinda_status"]["count"] == 1
+    # Counters the (fake) overlay wrote into the side's own GOVINDA_CACHE_DIR.
+    assert base["govinda_counters"]["total"] == {}
+    assert gov["govinda_counters"]["total"] == {"fake_decode": 1}
+    for side in (base, gov):
+        tier = side["bench"]["tiers"][0]
+        assert VLLM_RESULT_FIELDS <= set(tier)
+        assert tier["completed"] == 2 and tier["output_lens"] == [4, 4]
+
+    # The govinda side's configured TTFT is 100x the baseline's: its TTFT P99 breaks the 1.5x SLA.
+    rows = {row["side"]: row for row in result["sla"]["32"]}
+    assert rows["baseline"]["verdict"] == "PASS" and rows["baseline"]["score"] > 0
+    assert rows["govinda"]["verdict"].startswith("FAIL") and "TTFT" in rows["govinda"]["verdict"]
+    assert rows["govinda"]["score"] == 0.0
+    assert rows["govinda"]["p99_ttft_ms_ratio"] > 1.5
+
+    md_path = tmp_path / "reports" / "abtest.md"
+    md = md_path.read_text()
+    assert "## Input 32 tokens" in md and "| baseline | ok |" in md and "FAIL: TTFT P99" in md
+    assert "- govinda: fake_decode=1" in md
+    png = tmp_path / "reports" / "abtest.png"
+    try:
+        import matplotlib  # noqa: F401
+
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert "![A/B plot](abtest.png)" in md
+    except ImportError:
+        assert not png.exists() and "Plot skipped" in md
+
+    md_path.unlink()
+    assert ab.main(["--report-only", str(tmp_path / "reports" / "abtest.json")]) == 0
+    assert md_path.read_text() == md
+
+
+def test_ab_refuses_side_whose_server_env_differs(tmp_path):
+    # The launcher does not exec, and its child gets a variable only the other side may set:
+    # the runner must look at the child's /proc environ and refuse the first side.
+    launcher = _launcher(
+        tmp_path, "leaky.sh",
+        f'GOVINDA_PATCHES_FILE=p.yaml "{PYTHON}" "{FAKE_SERVER}" --ttft 0.001 --token-delay 0.001 "$@"\n',
+    )
+    port = free_port()
+    code = ab.main([
+        "--side", "clean", "GOVINDA_DISABLE=1",
+        "--side", "patched", "GOVINDA_DISABLE=0", "GOVINDA_PATCHES_FILE=p.yaml",
+        "--name", "refusal", "--model", "fake-model", "--port", str(port), "--server-cmd", launcher,
+        "--input-lens", "16", "--output-len", "2", "--num-prompts", "1", "--health-timeout", "30",
+        "--stop-grace", "5", "--work-dir", str(tmp_path / "work"), "--report-dir", str(tmp_path / "reports"),
+    ])
+    assert code == 2
+    result = json.loads((tmp_path / "reports" / "refusal.json").read_text())
+    clean, patched = result["sides"]
+    assert clean["status"] == "refused" and "bench" not in clean
+    assert "GOVINDA_PATCHES_FILE" in clean["error"] and "requires it unset" in clean["error"]
+    offenders = [p for p in clean["env_check"]["processes"] if p["problems"]]
+    assert offenders and all("fake_openai_server" in p["cmdline"] for p in offenders)
+    assert patched["status"] == "ok" and patched["bench"]["tiers"][0]["completed"] == 1
+    # The refused server (launcher and child) was stopped: the second side could bind the port.
+    assert not ab.port_in_use("127.0.0.1", port)
+    md = (tmp_path / "reports" / "refusal.md").read_text()
+    assert "| clean | refused |" in md and "NO DATA" in md
+
+
+def test_ab_only_runs_one_side_and_keeps_the_others(tmp_path):
+    launcher = _launcher(tmp_path, "serve.sh", f'exec "{PYTHON}" "{FAKE_SERVER}" --ttft 0.001 --token-delay 0.001 "$@"\n')
+    common = ["--side", "a", "GOVINDA_DISABLE=1", "--side", "b", "GOVINDA_DISABLE=0", "--name", "split",
+              "--model", "fake-model", "--server-cmd", launcher, "--input-lens", "16", "--output-len", "2",
+              "--num-prompts", "1", "--stop-grace", "5", "--work-dir", str(tmp_path / "work")]
+    first = tmp_path / "first"
+    assert ab.main(common + ["--port", str(free_port()), "--report-dir", str(first), "--only", "a",
+                             "--log-dir", str(first / "logs")]) == 0
+    partial = json.loads((first / "split.json").read_text())
+    assert [s["name"] for s in partial["sides"]] == ["a"]
+    assert "fake server: pid" in (first / "logs" / "a.server.log").read_text()
+    assert "| a | ok |" in (first / "split.md").read_text()
+
+    second = tmp_path / "second"
+    assert ab.main(common + ["--port", str(free_port()), "--report-dir", str(second), "--only", "b",
+                             "--merge-with", str(first / "split.json"), "--side-args", "b", "--ttft 0.002"]) == 0
+    merged = json.loads((second / "split.json").read_text())
+    assert [s["name"] for s in merged["sides"]] == ["a", "b"]
+    assert merged["sides"][1]["server_args"] == ["--ttft", "0.002"]
+    assert merged["sides"][0] == partial["sides"][0]  # side a's record is carried over untouched
+    assert [run["sides"] for run in merged["runs"]] == [["a"], ["b"]]
+    assert {row["side"]: row["verdict"] for row in merged["sla"]["16"]}["a"] == "PASS"
+
+
+def test_ab_through_start_vllm_bench_script(tmp_path):
+    """The locked bench script: only --port/--max-model-len reach the server, caches are kept."""
+    fake_cmd = f"{PYTHON} {FAKE_SERVER} --ttft 0.001 --token-delay 0.001"
+    sides = _sides_file(tmp_path, {
+        "name": "script",
+        "model": "fake-model",
+        "env": {"GOVINDA_VLLM_CMD": fake_cmd},
+        "bench": {"input_lens": [16], "output_len": 2, "num_prompts": 1},
+        "health_timeout_s": 30,
+        "stop_grace_s": 5,
+        "sides": [{"name": "off", "env": {"GOVINDA_DISABLE": "1"}}, {"name": "on", "env": {"GOVINDA_DISABLE": "0"}}],
+    })
+    code = ab.main(["--sides", sides, "--port", str(free_port()), "--work-dir", str(tmp_path / "work"),
+                    "--report-dir", str(tmp_path / "reports")])
+    assert code == 0
+    result = json.loads((tmp_path / "reports" / "script.json").read_text())
+    for side in result["sides"]:
+        assert side["status"] == "ok"
+        (proc,) = side["env_check"]["processes"]  # the script exec'd: one process, the server
+        assert "fake_openai_server" in proc["cmdline"]
+        assert proc["observed"]["PYTHONPATH"].split(os.pathsep)[0] == str(REPO_ROOT)
+        assert proc["observed"]["VLLM_CACHE_ROOT"] == side["cache_dirs"]["VLLM_CACHE_ROOT"]
+        log = Path(side["log_path"]).read_text()
+        assert "ignoring flags ['--max-model-len', '32768']" in log
+
+
+# ----------------------------------------------------------------------------- start scripts
+
+
+ARGV_DUMP = "import json, os, sys; print(json.dumps({'argv': sys.argv[1:], 'env': dict(os.environ)}))"
+
+
+def _run_script(tmp_path, script, *args, **env_overrides):
+    dump = tmp_path / "dump.py"
+    dump.write_text(ARGV_DUMP)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GOVINDA_", "PYTORCH_", "TRITON_", "VLLM_"))}
+    env.update(HOME=str(tmp_path / "home"), GOVINDA_VLLM_CMD=f"{PYTHON} {dump}")
+    env.update(env_overrides)
+    out = subprocess.run([str(REPO_ROOT / "scripts" / script), *args], env=env, capture_output=True, text=True, timeout=30)
+    return out.returncode, (json.loads(out.stdout) if out.returncode == 0 else out.stderr)
+
+
+def test_bench_script_runs_the_locked_command(tmp_path):
+    code, dump = _run_script(tmp_path, "start_vllm_bench.sh", "/models/m", "8123",
+                             TRITON_CACHE_DIR="/keep/me", PYTORCH_HIP_ALLOC_CONF="", PYTHONPATH="/tmp/site")
+    assert code == 0
+    assert dump["argv"] == ["serve", "/models/m", "--port", "8123", "--max-model-len", "32768"]
+    env = dump["env"]
+    assert env["PYTHONPATH"] == f"{REPO_ROOT}:/tmp/site"
+    assert env["TRITON_CACHE_DIR"] == "/keep/me"  # a caller's value wins
+    assert env["PYTORCH_HIP_ALLOC_CONF"] == ""  # even an empty one
+    assert env["VLLM_CACHE_ROOT"].startswith(str(tmp_path / "home"))
+    assert Path(env["VLLM_CACHE_ROOT"]).is_dir()
+
+    code, dump = _run_script(tmp_path, "start_vllm_bench.sh", MODEL="/models/x", PORT="9001")
+    assert code == 0 and dump["argv"][:4] == ["serve", "/models/x", "--port", "9001"]
+    assert dump["env"]["PYTORCH_HIP_ALLOC_CONF"] == "expandable_segments:True"
+
+    code, stderr = _run_script(tmp_path, "start_vllm_bench.sh", "/models/m", "8123", "--enforce-eager")
+    assert code == 2 and "locked" in stderr
+
+
+def test_dev_script_appends_dev_args(tmp_path):
+    code, dump = _run_script(
+        tmp_path, "start_vllm_dev.sh", "/models/m", "8011", "--attention-backend", "TRITON_ATTN",
+        GOVINDA_DEV_ARGS="--load-format dummy --additional-config '{\"gdn_prefill_backend\": \"triton\"}'",
+    )
+    assert code == 0
+    assert dump["argv"] == [
+        "serve", "/models/m", "--port", "8011", "--max-model-len", "32768",
+        "--attention-backend", "TRITON_ATTN", "--load-format", "dummy",
+        "--additional-config", '{"gdn_prefill_backend": "triton"}',
+    ]
+    assert dump["env"]["PYTHONPATH"].split(":")[0] == str(REPO_ROOT)
