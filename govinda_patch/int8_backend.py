@@ -72,10 +72,14 @@ class GovindaInt8MetadataBuilder(AttentionMetadataBuilder[GovindaInt8Metadata]):
         )
         # Decodes first: the kernel entry point needs them as a leading block of the batch.
         self._init_reorder_batch_threshold(1)
-        model_config = vllm_config.model_config
-        num_q_heads = model_config.get_num_attention_heads(vllm_config.parallel_config)
+        model_config, parallel_config = vllm_config.model_config, vllm_config.parallel_config
+        # Preallocated split-KV buffers: no allocation in the (CUDA-graph captured) decode path.
         self.workspace = _attention.DecodeWorkspace.allocate(
-            vllm_config.scheduler_config.max_num_seqs, num_q_heads, model_config.get_head_size(), device
+            vllm_config.scheduler_config.max_num_seqs,
+            model_config.get_num_attention_heads(parallel_config),
+            model_config.get_head_size(),
+            device,
+            num_kv_heads=model_config.get_num_kv_heads(parallel_config),
         )
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata, fast_build: bool = False):

@@ -42,7 +42,7 @@ GLOBAL_SWITCHES = (
     GlobalSwitch("GOVINDA_PATCHES_FILE", "path to a YAML file", "<repo>/patches.yaml", "Use another patch table."),
     GlobalSwitch("GOVINDA_STRICT", "0 | 1", "0", "Any skip, failure or bad switch value raises instead of logging (tests, CI)."),
     GlobalSwitch("GOVINDA_FORCE", "0 | 1", "0", "Apply patches even outside their verified vLLM versions."),
-    GlobalSwitch("GOVINDA_LOG_LEVEL", " | ".join(LOG_LEVELS), "INFO", "Verbosity of the overlay's own log lines (stderr, prefix 'govinda:')."),
+    GlobalSwitch("GOVINDA_LOG_LEVEL", " | ".join(LOG_LEVELS), "INFO", "Verbosity of the overlay's own log lines (stderr, 'govinda LEVEL [pid N] ...')."),
     GlobalSwitch(
         "GOVINDA_SELFTEST",
         " | ".join(SELFTEST_MODES),
@@ -51,7 +51,18 @@ GLOBAL_SWITCHES = (
         "skip: trust the kernels (CPU-only tests).",
     ),
     GlobalSwitch("GOVINDA_CACHE_DIR", "path", "~/.cache/govinda", "Where self-test verdicts and dispatch counters are kept."),
-    GlobalSwitch("GOVINDA_PLATFORM", " | ".join(PLATFORMS), "(detected from torch)", "Override platform detection (status/plan only)."),
+    GlobalSwitch(
+        "GOVINDA_PLATFORM",
+        " | ".join(PLATFORMS),
+        "(detected from torch)",
+        "Override platform detection, which decides the platform-specific patch targets (e.g. a simulated DCU in tests).",
+    ),
+    GlobalSwitch(
+        "GOVINDA_KERNEL_ARCH",
+        "cuda_sm90 | cuda_default | rocm_gfx9 | rocm_default | interpreter",
+        "(detected from the device)",
+        "Force a launch-config table of kernels/launch_configs.py (experiments, or a DCU reporting an unknown gfx).",
+    ),
 )
 
 

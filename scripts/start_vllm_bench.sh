@@ -14,6 +14,7 @@
 #   GOVINDA_VLLM_CMD   command words before "serve", e.g. "python3 -m vllm.entrypoints.cli.main"
 #                      (the H200 bundle has no `vllm` entry point)
 #   PYTHON             runs "$PYTHON -m vllm.entrypoints.cli.main"
+#   <repo>/.venv       the environment scripts/setup.sh creates, if present
 #   `vllm` on PATH, else "python3 -m vllm.entrypoints.cli.main"
 # (Our own variables avoid the VLLM_ prefix: vLLM warns about unknown VLLM_* variables.)
 #
@@ -23,6 +24,19 @@ set -eu
 
 govinda_repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
+# env-doc: MODEL | path or HF id | (required) | Model to serve (or the first argument).
+# env-doc: PORT | port number | 8000 | Port to serve on (or the second argument).
+# env-doc: GOVINDA_VLLM_CMD | command words | (unset) | Launcher words before "serve", e.g. "python3 -m vllm.entrypoints.cli.main".
+# env-doc: PYTHON | interpreter path | (unset) | Run "$PYTHON -m vllm.entrypoints.cli.main" when GOVINDA_VLLM_CMD is unset.
+# env-doc: GOVINDA_SERVE_CACHE_ROOT | directory | ~/.cache/govinda-serve | Root of the persistent compile caches below.
+# env-doc: VLLM_CACHE_ROOT | directory | $GOVINDA_SERVE_CACHE_ROOT/vllm | vLLM caches incl. torch.compile graphs (warm restarts skip recompiling).
+# env-doc: TRITON_CACHE_DIR | directory | $GOVINDA_SERVE_CACHE_ROOT/triton | Compiled Triton kernels (ours and vLLM's).
+# env-doc: TORCHINDUCTOR_CACHE_DIR | directory | $GOVINDA_SERVE_CACHE_ROOT/inductor | Inductor cache (default is under /tmp).
+# env-doc: MIOPEN_USER_DB_PATH | directory | $GOVINDA_SERVE_CACHE_ROOT/miopen/db | MIOpen find-db (ROCm/DTK only).
+# env-doc: MIOPEN_CUSTOM_CACHE_DIR | directory | $GOVINDA_SERVE_CACHE_ROOT/miopen/cache | MIOpen compiled kernels (ROCm/DTK only).
+# env-doc: PYTORCH_HIP_ALLOC_CONF | allocator options | expandable_segments:True (only if no allocator config is set) | ROCm caching allocator: less fragmentation; `export PYTORCH_HIP_ALLOC_CONF=` opts out.
+# env-doc: VLLM_NO_USAGE_STATS | 0, 1 | 1 | No usage-stats upload (a blocked network must not stall start-up).
+# env-doc: DO_NOT_TRACK | 0, 1 | 1 | Same, for libraries honouring DO_NOT_TRACK.
 # Start-up environment. Nothing here changes what the server computes or how fast it serves a
 # request; it only keeps compiled artefacts between restarts. A variable the caller already
 # set, even to an empty value, is left alone (${VAR=default} assigns only when unset).
@@ -66,6 +80,8 @@ govinda_pick_launcher() {
         read -r -a govinda_launcher <<<"$GOVINDA_VLLM_CMD"
     elif [ -n "${PYTHON:-}" ]; then
         govinda_launcher=("$PYTHON" -m vllm.entrypoints.cli.main)
+    elif [ -x "$govinda_repo_root/.venv/bin/python" ]; then
+        govinda_launcher=("$govinda_repo_root/.venv/bin/python" -m vllm.entrypoints.cli.main)
     elif command -v vllm >/dev/null 2>&1; then
         govinda_launcher=(vllm)
     else

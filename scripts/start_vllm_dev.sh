@@ -14,6 +14,7 @@
 #
 # Start-up environment and launcher choice (GOVINDA_VLLM_CMD, PYTHON): see start_vllm_bench.sh,
 # which this script sources so the two cannot drift apart.
+# env-doc: GOVINDA_DEV_ARGS | extra vLLM flags (shell-quoted) | (unset) | Dev-only flags appended after MODEL PORT (never used by start_vllm_bench.sh).
 set -eu
 
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

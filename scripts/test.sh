@@ -6,6 +6,8 @@
 #
 # Environments live under $GOVINDA_VENV_ROOT (default <repo>/.venvs) and are created by
 # scripts/setup.sh from requirements/vllm-<line>.lock when missing or stale.
+# env-doc: GOVINDA_VENV_ROOT | directory | <repo>/.venvs | Where the per-vLLM-line test environments live (CI points it at a cache keyed by the lock files).
+# env-doc: GOVINDA_TEST_LINES | space-separated vLLM versions | 0.18.1 0.26.0 | Which supported vLLM lines to test.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
