@@ -228,8 +228,7 @@ class Overlay:
         if self.settings.strict:
             raise GovindaStrictError(message)
         logger.error(message)
-        self.status_logged = False
-        self.log_status_once()
+        self.log_status_once()  # no-op when the status line is already out: one per process
 
     def group_active(self, group_name: str) -> bool:
         """Called by wrappers on each call: False means 'behave like stock vLLM'."""

@@ -67,16 +67,7 @@ GLOBAL_SWITCHES = (
 
 
 def _read_flag(environ, name: str, warnings: list[str]) -> bool:
-    raw = environ.get(name)
-    if raw is None or raw.strip() == "":
-        return False
-    value = raw.strip().lower()
-    if value in TRUE_WORDS:
-        return True
-    if value in FALSE_WORDS:
-        return False
-    warnings.append(f"{name}={raw!r} is not a valid value; use one of {TRUE_WORDS + FALSE_WORDS}; treating it as 0")
-    return False
+    return bool(parse_switch(environ, name, warnings))
 
 
 def _read_choice(environ, name: str, choices: tuple[str, ...], default: str, warnings: list[str], upper=False) -> str:
@@ -100,7 +91,7 @@ def parse_switch(environ, name: str, warnings: list[str]) -> bool | None:
         return True
     if value in FALSE_WORDS:
         return False
-    warnings.append(f"{name}={raw!r} is not a valid value; use one of {TRUE_WORDS + FALSE_WORDS}; ignoring it")
+    warnings.append(f"{name}={raw!r} is not a valid value; use one of {TRUE_WORDS + FALSE_WORDS}; ignoring it (off)")
     return None
 
 

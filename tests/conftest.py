@@ -1,34 +1,13 @@
-"""Shared fixtures: run Python in a fresh interpreter with the overlay on PYTHONPATH.
-
-The overlay acts at interpreter start-up (sitecustomize), so most tests start a subprocess of the
-same interpreter against the REAL installed vLLM. ``dcu_env`` adds the simulated DCU (a fake
-``amdsmi`` reporting gfx90a, see tests/dcu_sim) so ``vllm.platforms.rocm`` imports on a CPU.
-"""
+"""Fixtures for the overlay tests (helpers live in overlay_testing.py: a module name of our own,
+since tests/kernels has a conftest too)."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
-from importlib import metadata
-from pathlib import Path
 
 import pytest
-from packaging.version import Version
 
-REPO = Path(__file__).resolve().parent.parent
-DCU_SIM = REPO / "tests" / "dcu_sim"
-MODELS = Path(os.environ.get("GOVINDA_SHARED_MODELS", REPO / "tests" / "models"))
-VLLM_VERSION = Version(metadata.version("vllm"))
-RESULT_MARK = "RESULT-JSON:"
-
-
-def vllm_is(spec: str) -> bool:
-    from packaging.specifiers import SpecifierSet
-
-    return VLLM_VERSION in SpecifierSet(spec)
+from overlay_testing import DCU_SIM, REPO, run_child
 
 
 @pytest.fixture(scope="session")
@@ -55,35 +34,6 @@ def dcu_env(base_env) -> dict:
     env["GOVINDA_PLATFORM"] = "rocm"
     env["GOVINDA_SELFTEST"] = "skip"
     return env
-
-
-class ChildResult:
-    def __init__(self, completed: subprocess.CompletedProcess):
-        self.returncode = completed.returncode
-        self.stdout = completed.stdout
-        self.stderr = completed.stderr
-        lines = [line[len(RESULT_MARK):] for line in completed.stdout.splitlines() if line.startswith(RESULT_MARK)]
-        self.result = json.loads(lines[-1]) if lines else None
-
-    def govinda_lines(self) -> list[str]:
-        return [line for line in self.stderr.splitlines() if line.startswith("govinda ")]
-
-    def __repr__(self) -> str:
-        return f"rc={self.returncode}\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-5000:]}"
-
-
-def run_child(code: str, env: dict, timeout: float = 300, cwd: Path | None = None) -> ChildResult:
-    """Run ``code`` in a fresh interpreter; it reports with ``report(obj)`` (JSON on stdout)."""
-    prelude = f"import json as _json\ndef report(obj):\n    print({RESULT_MARK!r} + _json.dumps(obj), flush=True)\n"
-    completed = subprocess.run(
-        [sys.executable, "-c", prelude + textwrap.dedent(code)],
-        env=env,
-        cwd=str(cwd or REPO / "tests"),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    return ChildResult(completed)
 
 
 @pytest.fixture

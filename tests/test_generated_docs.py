@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from overlay_testing import REPO
 
 
 @pytest.mark.parametrize("command", ["env-doc", "patch-doc"])

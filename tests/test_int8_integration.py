@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from conftest import REPO
+from overlay_testing import REPO
 
 QWEN35 = REPO / "tests" / "models" / "qwen3_5-27b-shape"
 BACKEND_PATH = "govinda_patch.int8_backend.GovindaInt8AttentionBackend"

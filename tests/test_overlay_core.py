@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, vllm_is
+from overlay_testing import REPO, vllm_is
 
 PATCHED_PROBE = """
 import sys

@@ -1,0 +1,58 @@
+"""Helpers for the overlay tests: run Python in a fresh interpreter with the overlay on PYTHONPATH.
+
+The overlay acts at interpreter start-up (sitecustomize), so most tests start a subprocess of the
+same interpreter against the REAL installed vLLM. ``dcu_env`` adds the simulated DCU (a fake
+``amdsmi`` reporting gfx90a, see tests/dcu_sim) so ``vllm.platforms.rocm`` imports on a CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from importlib import metadata
+from pathlib import Path
+
+from packaging.version import Version
+
+REPO = Path(__file__).resolve().parent.parent
+DCU_SIM = REPO / "tests" / "dcu_sim"
+VLLM_VERSION = Version(metadata.version("vllm"))
+RESULT_MARK = "RESULT-JSON:"
+
+
+def vllm_is(spec: str) -> bool:
+    from packaging.specifiers import SpecifierSet
+
+    return VLLM_VERSION in SpecifierSet(spec)
+
+
+class ChildResult:
+    def __init__(self, completed: subprocess.CompletedProcess):
+        self.returncode = completed.returncode
+        self.stdout = completed.stdout
+        self.stderr = completed.stderr
+        lines = [line[len(RESULT_MARK):] for line in completed.stdout.splitlines() if line.startswith(RESULT_MARK)]
+        self.result = json.loads(lines[-1]) if lines else None
+
+    def govinda_lines(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.startswith("govinda ")]
+
+    def __repr__(self) -> str:
+        return f"rc={self.returncode}\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-5000:]}"
+
+
+def run_child(code: str, env: dict, timeout: float = 300, cwd: Path | None = None) -> ChildResult:
+    """Run ``code`` in a fresh interpreter; it reports with ``report(obj)`` (JSON on stdout)."""
+    prelude = f"import json as _json\ndef report(obj):\n    print({RESULT_MARK!r} + _json.dumps(obj), flush=True)\n"
+    completed = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)],
+        env=env,
+        cwd=str(cwd or REPO / "tests"),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return ChildResult(completed)
