@@ -18,7 +18,7 @@ def _cell(text: str) -> str:
 
 def script_switches() -> list[tuple[str, str, str, str, str]]:
     rows = []
-    for script in sorted((REPO_ROOT / "scripts").glob("*.sh")):
+    for script in sorted(REPO_ROOT.glob("scripts/*.sh")) + sorted(REPO_ROOT.glob("bench/**/*.py")):
         for line in script.read_text().splitlines():
             match = SCRIPT_DOC_LINE.match(line)
             if match:
@@ -49,7 +49,7 @@ def render_env_doc() -> str:
         out.append(f"| `{patch.env}` | `{patch.name}` | {default} | {_cell(patch.summary)} Turning it off disables group `{patch.group}`. |")
     rows = script_switches()
     if rows:
-        out += ["", "## Start-script variables (`scripts/`)\n", "| variable | values | default | effect | script |", "|---|---|---|---|---|"]
+        out += ["", "## Script and benchmark variables (`scripts/`, `bench/`)\n", "| variable | values | default | effect | file |", "|---|---|---|---|---|"]
         out += [f"| `{n}` | {_cell(v)} | {_cell(d)} | {_cell(e)} | `{s}` |" for n, v, d, e, s in rows]
     return "\n".join(out) + "\n"
 

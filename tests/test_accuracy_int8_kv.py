@@ -18,9 +18,13 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 torch = pytest.importorskip("torch")
+# The study needs nothing from vLLM; CI runs it in the vLLM 0.18.1 environment, whose lock has
+# gguf and accelerate (the 0.26 test environment does not install them).
+pytest.importorskip("gguf", reason="gguf is installed only in the vLLM 0.18.1 test environment")
+pytest.importorskip("accelerate", reason="accelerate is installed only in the vLLM 0.18.1 test environment")
 
 from bench.accuracy import model_source, teacher_forced, text_corpus  # noqa: E402
-from bench.accuracy.kv_schemes import FakeQuantKVCache, govinda_int8, identity  # noqa: E402
+from bench.accuracy.kv_schemes import govinda_int8, identity  # noqa: E402
 from govinda_patch.kernel_package import import_kernel  # noqa: E402
 
 layout = import_kernel("int8_kv_layout")

@@ -1,0 +1,140 @@
+"""KV-cache number formats compared by the accuracy study, as quantize-then-dequantize maps.
+
+Each scheme maps a K or V tensor ``[..., head_dim]`` to what attention would read back from a
+cache in that format. :class:`FakeQuantKVCache` applies a scheme inside a transformers
+``DynamicCache``: Llama calls ``cache.update`` with K *after* RoPE, and attention uses what
+``update`` returns for every token, the current ones included -- the same data flow as vLLM,
+whose prefill also reads the chunk's own K/V back from the (INT8) cache.
+
+``govinda_int8`` is exactly Govinda's quantizer (``kernels/int8_kv_layout.py``, which the Triton
+store kernel matches bit for bit); the others are reference points.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional
+
+import torch
+from transformers import DynamicCache
+
+from govinda_patch.kernel_package import import_kernel
+
+_layout = import_kernel("int8_kv_layout")
+
+FakeQuantize = Callable[[torch.Tensor], torch.Tensor]
+
+# vLLM 0.26 ``_reshape_cache_per_token_head`` (v1/attention/ops/triton_reshape_and_cache_flash.py).
+VLLM_INT8_SCALE_FLOOR = 1e-6
+VLLM_INT8_QMAX = 127.0
+VLLM_INT8_QMIN = -128.0
+FP8_E4M3_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
+ASYM_LEVELS = 255  # 256 codes of one byte
+
+
+def identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def bf16_roundtrip(x: torch.Tensor) -> torch.Tensor:
+    """vLLM's default (unquantized) KV dtype for a bf16 model: the noise floor of "no quantization"."""
+    return x.to(torch.bfloat16).to(x.dtype)
+
+
+def govinda_int8(x: torch.Tensor) -> torch.Tensor:
+    """Govinda: symmetric absmax/127, IEEE division, round-half-to-even, scale floor 1e-8."""
+    q, scale = _layout.quantize_reference(x)
+    return _layout.dequantize_reference(q, scale).to(x.dtype)
+
+
+def vllm_int8(x: torch.Tensor) -> torch.Tensor:
+    """Upstream vLLM 0.26 ``int8_per_token_head``.
+
+    scale = max(absmax / 127, 1e-6); q = x * (1 / scale); +-0.5 (half away from zero), clamp to
+    [-128, 127], then the float->int8 store truncates toward zero; attention multiplies by scale.
+    """
+    xf = x.float()
+    scale = (xf.abs().amax(dim=-1, keepdim=True) / VLLM_INT8_QMAX).clamp_min(VLLM_INT8_SCALE_FLOOR)
+    scaled = xf * (1.0 / scale)
+    shifted = torch.where(scaled >= 0, scaled + 0.5, scaled - 0.5)
+    q = shifted.clamp(VLLM_INT8_QMIN, VLLM_INT8_QMAX).trunc()
+    return (q * scale).to(x.dtype)
+
+
+def int8_asymmetric(x: torch.Tensor) -> torch.Tensor:
+    """Asymmetric per (token, head): fp32 scale = (max - min) / 255 and fp32 zero point = min.
+
+    Codes 0..255 (stored as int8 minus 128), round-half-to-even; 4 more bytes per (token, head)
+    than the symmetric format.
+    """
+    xf = x.float()
+    low = xf.amin(dim=-1, keepdim=True)
+    high = xf.amax(dim=-1, keepdim=True)
+    scale = ((high - low) / ASYM_LEVELS).clamp_min(_layout.SCALE_FLOOR)
+    codes = torch.round((xf - low) / scale).clamp_(0, ASYM_LEVELS)
+    return (codes * scale + low).to(x.dtype)
+
+
+def _hadamard(dim: int, device: torch.device) -> torch.Tensor:
+    """Orthonormal Sylvester-Hadamard matrix (dim a power of two: 64, 128, 256)."""
+    if dim & (dim - 1):
+        raise ValueError(f"Hadamard rotation needs a power-of-two head_dim, got {dim}")
+    matrix = torch.ones(1, 1, device=device)
+    while matrix.shape[0] < dim:
+        matrix = torch.cat([torch.cat([matrix, matrix], 1), torch.cat([matrix, -matrix], 1)], 0)
+    return matrix / dim**0.5
+
+
+def govinda_int8_hadamard(x: torch.Tensor) -> torch.Tensor:
+    """Govinda's quantizer applied to each head row after an orthonormal Hadamard rotation.
+
+    A candidate improvement, not what ships: rotating K and Q by the same orthonormal matrix
+    leaves q.k unchanged, and rotating V back after P@V leaves the output unchanged, so only the
+    quantization error differs -- the rotation spreads K's outlier channels over all 64 elements
+    (upstream vLLM rotates for its int4_per_token_head format).
+    """
+    rotation = _hadamard(x.shape[-1], x.device)
+    return (govinda_int8(x.float() @ rotation) @ rotation.T).to(x.dtype)
+
+
+def fp8_e4m3_unit_scale(x: torch.Tensor) -> torch.Tensor:
+    """vLLM ``fp8`` / ``fp8_e4m3`` KV cache with the default per-tensor scale 1.0 (saturating cast)."""
+    xf = x.float().clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    return xf.to(torch.float8_e4m3fn).float().to(x.dtype)
+
+
+SCHEMES: Dict[str, FakeQuantize] = {
+    "bf16": bf16_roundtrip,
+    "govinda_int8": govinda_int8,
+    "vllm_int8": vllm_int8,
+    "int8_asym": int8_asymmetric,
+    "int8_hadamard": govinda_int8_hadamard,
+    "fp8_e4m3": fp8_e4m3_unit_scale,
+}
+
+SCHEME_DESCRIPTIONS: Dict[str, str] = {
+    "fp32": "unquantized fp32 K/V (baseline)",
+    "bf16": "bf16 K/V (vLLM default cache dtype; noise floor)",
+    "govinda_int8": "Govinda INT8: symmetric absmax/127, round-half-even, fp32 scale per (token, head)",
+    "vllm_int8": "vLLM 0.26 int8_per_token_head: symmetric, x*(1/scale), round-half-away, clamp [-128,127]",
+    "int8_asym": "INT8 asymmetric: fp32 scale + fp32 zero point (min) per (token, head)",
+    "int8_hadamard": "candidate: Govinda INT8 after a per-head Hadamard rotation (Q/output rotated to match)",
+    "fp8_e4m3": "vLLM fp8_e4m3, per-tensor scale 1.0",
+}
+
+
+class FakeQuantKVCache(DynamicCache):
+    """A ``DynamicCache`` that stores (and hands to attention) ``fake_quantize(K)``, ``fake_quantize(V)``."""
+
+    def __init__(self, fake_quantize: FakeQuantize, config=None):
+        super().__init__(config=config)
+        self.fake_quantize = fake_quantize
+        # Counted so callers can prove the hook ran for every layer and token.
+        self.quantized_rows = 0
+        self.update_calls = 0
+
+    def update(self, key_states, value_states, layer_idx: int, cache_kwargs: Optional[dict] = None):
+        self.update_calls += 1
+        self.quantized_rows += key_states.numel() // key_states.shape[-1]
+        return super().update(
+            self.fake_quantize(key_states), self.fake_quantize(value_states), layer_idx, cache_kwargs
+        )
