@@ -4,6 +4,7 @@ since tests/kernels has a conftest too)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 

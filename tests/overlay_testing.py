@@ -8,7 +8,6 @@ same interpreter against the REAL installed vLLM. ``dcu_env`` adds the simulated
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap

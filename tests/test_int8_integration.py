@@ -7,10 +7,7 @@ vLLM's KV-cache grouping (page unification), and real CommonAttentionMetadata fo
 
 from __future__ import annotations
 
-import json
 import textwrap
-
-import pytest
 
 from overlay_testing import REPO
 
