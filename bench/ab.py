@@ -12,7 +12,8 @@ For each side in turn:
      descendants and its process group) and REFUSE the side if any declared variable differs:
      a side's own variables must have its values, variables that only other sides set must be
      absent, and the cache variables must point into this side's cache dir;
-  4. run bench/serve_tiers.py in-process;
+  4. run the workload in-process: bench/serve_tiers.py (default), or bench/greedy_agreement.py
+     (``bench: {workload: greedy}``);
   5. stop the server (SIGTERM to the group, SIGKILL after --stop-grace seconds);
   6. count log lines matching the configured regexes (e.g. the overlay's status line) and read
      the overlay's dispatch counters from the side's GOVINDA_CACHE_DIR/counters/*.json.
@@ -23,6 +24,12 @@ Then writes ``<report-dir>/<name>.json`` (everything, rewritten after every side
 ``<name>.md`` (per tier: output tok/s, TTFT P99, TPOT P99, completion, ratios to the baseline
 side, and the SLA verdict: P99s within 1.5x of the baseline's and completion >= 99 %) and
 ``<name>.png`` (when matplotlib is importable). ``--report-only NAME.json`` rebuilds md/png.
+
+Greedy workload (``bench: {workload: greedy, prompts: [...], max_tokens: 64, repeats: 2}``, keys
+of greedy_agreement.GreedyConfig; prompts omitted = its built-in set): every side answers the
+same prompts with temperature 0, and the report gives, per side against the baseline, how many
+continuations are identical, the mean common token prefix, and each differing prompt's first
+divergence (position, both sides' top-2 margins there, both continuations). No plot.
 
 Sides file (YAML or JSON; CLI flags override it; relative paths are relative to the repo root,
 which is the server's working directory). The H200 validation, for example::
@@ -83,7 +90,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench import serve_tiers  # noqa: E402
+from bench import greedy_agreement, serve_tiers  # noqa: E402
 
 SCHEMA = "govinda.ab/1"
 CACHE_SUBDIRS = {"VLLM_CACHE_ROOT": "vllm", "TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "inductor"}
@@ -92,6 +99,9 @@ CACHE_SUBDIRS = {"VLLM_CACHE_ROOT": "vllm", "TRITON_CACHE_DIR": "triton", "TORCH
 OVERLAY_CACHE = ("GOVINDA_CACHE_DIR", "govinda")
 LOG_MATCHES_KEPT = 5
 LOG_TAIL_LINES = 60
+# bench.workload: what runs against each side's server once it is up.
+WORKLOADS = ("tiers", "greedy")
+TIER_FLAGS = ("input_lens", "output_len", "num_prompts", "max_concurrency", "vocab_limit", "seed")
 
 
 def log(message: str) -> None:
@@ -127,7 +137,8 @@ class AbConfig:
     server_command: List[str] = field(default_factory=lambda: [str(REPO_ROOT / "scripts" / "start_vllm_bench.sh")])
     env: Dict[str, Optional[str]] = field(default_factory=dict)  # applied to every side
     server_args: List[str] = field(default_factory=list)  # appended for every side
-    bench: Dict[str, Any] = field(default_factory=dict)  # serve_tiers.BenchConfig fields
+    # workload (tiers | greedy) and the fields of serve_tiers.BenchConfig / greedy_agreement.GreedyConfig
+    bench: Dict[str, Any] = field(default_factory=dict)
     log_patterns: List[LogPattern] = field(default_factory=list)
     baseline: Optional[str] = None
     health_timeout_s: float = 900.0
@@ -143,6 +154,9 @@ class AbConfig:
 
     def baseline_name(self) -> str:
         return self.baseline or self.sides[0].name
+
+    def workload(self) -> str:
+        return self.bench.get("workload", "tiers")
 
     def resolved_work_dir(self) -> Path:
         if self.work_dir:
@@ -267,13 +281,21 @@ def build_config(args: argparse.Namespace) -> AbConfig:
         raise ValueError("side names must be unique")
 
     bench = dict(data.get("bench") or {})
-    known_bench = {f.name for f in dataclasses.fields(serve_tiers.BenchConfig)} - {"base_url", "progress"}
-    unknown = set(bench) - known_bench
+    if args.workload:
+        bench["workload"] = args.workload
+    workload = bench.get("workload", "tiers")
+    if workload not in WORKLOADS:
+        raise ValueError(f"bench: unknown workload {workload!r} (known: {', '.join(WORKLOADS)})")
+    settings_class = serve_tiers.BenchConfig if workload == "tiers" else greedy_agreement.GreedyConfig
+    known_bench = {f.name for f in dataclasses.fields(settings_class)} - {"base_url", "progress"}
+    unknown = set(bench) - known_bench - {"workload"}
     if unknown:
-        raise ValueError(f"bench: unknown keys {sorted(unknown)} (known: {sorted(known_bench)})")
-    for key in ("input_lens", "output_len", "num_prompts", "max_concurrency", "vocab_limit", "seed"):
+        raise ValueError(f"bench: unknown keys {sorted(unknown)} for workload {workload} (known: {sorted(known_bench)})")
+    for key in TIER_FLAGS:
         value = getattr(args, key)
         if value is not None:
+            if workload != "tiers":
+                raise ValueError(f"--{key.replace('_', '-')} applies to the tiers workload only")
             bench[key] = value
 
     common_patterns = _log_patterns(data.get("log_patterns"), "log_patterns")
@@ -429,24 +451,54 @@ def env_problems(environ: Dict[str, str], expected: Dict[str, Optional[str]], ca
     return problems
 
 
-def check_server_env(root_pid: int, expected, cache_dirs, scope: str) -> Dict[str, Any]:
+# govinda_patch/selftest.py runs the kernel self-test in a child process tree with
+# GOVINDA_DISABLE=1 and this marker set.
+OVERLAY_SELFTEST_MARKER = "GOVINDA_SELFTEST_CHILD"
+
+
+def environ_overwritten(environ: Dict[str, str], cmdline: str) -> bool:
+    """True when /proc/<pid>/environ no longer shows the process's environment.
+
+    vLLM names its worker processes ("VLLM::EngineCore") with setproctitle, which writes the
+    title over the argv/environ memory that /proc/<pid>/cmdline and /environ read; what is left
+    of the environ is a remnant (seen on the H200: PATH but none of the variables set before it).
+    """
+    return "PATH" not in environ or cmdline.startswith("VLLM::")
+
+
+def check_server_env(
+    root_pid: int, expected, cache_dirs, scope: str, verified: Optional[Dict[int, Dict[str, Any]]] = None
+) -> Dict[str, Any]:
+    """Check every server process's environment; ``verified`` (kept across polls) remembers
+    each process that passed while its environ was still readable."""
     shown_keys = sorted(set(expected) | set(cache_dirs) | {"PYTHONPATH"})
     checked = []
+    unverifiable = []
     for proc in server_processes(root_pid, scope):
         environ = read_environ(proc["pid"])
         if not environ:  # exited meanwhile, or a kernel thread / zombie without an environment
             continue
-        checked.append(
-            {
-                "pid": proc["pid"],
-                "comm": proc["comm"],
-                "cmdline": _cmdline(proc["pid"]),
-                "observed": {key: environ.get(key) for key in shown_keys},
-                "problems": env_problems(environ, expected, cache_dirs),
-            }
-        )
+        if environ.get(OVERLAY_SELFTEST_MARKER) == "1":
+            continue  # the overlay's kernel self-test (and its compiler children) run with it off on purpose
+        if environ_overwritten(environ, _cmdline(proc["pid"])):
+            earlier = (verified or {}).get(proc["pid"])
+            if earlier is not None:
+                checked.append(dict(earlier, note="checked before setproctitle overwrote its environ"))
+            else:  # it inherited its parent's environment; the parent is checked
+                unverifiable.append({"pid": proc["pid"], "comm": proc["comm"], "cmdline": _cmdline(proc["pid"])})
+            continue
+        entry = {
+            "pid": proc["pid"],
+            "comm": proc["comm"],
+            "cmdline": _cmdline(proc["pid"]),
+            "observed": {key: environ.get(key) for key in shown_keys},
+            "problems": env_problems(environ, expected, cache_dirs),
+        }
+        if verified is not None and not entry["problems"]:
+            verified[proc["pid"]] = entry
+        checked.append(entry)
     ok = bool(checked) and not any(p["problems"] for p in checked)
-    return {"ok": ok, "processes": checked, "checked": len(checked)}
+    return {"ok": ok, "processes": checked, "checked": len(checked), "environ_overwritten": unverifiable}
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -616,12 +668,9 @@ def run_side(config: AbConfig, side: Side) -> Dict[str, Any]:
             )
             record["pid"] = proc.pid
             _wait_until_ready(config, proc, expected, cache_dirs, record, started)
-            log(f"side {side.name}: ready after {record['startup_s']:.0f} s, environment verified; benchmarking")
-            bench_config = serve_tiers.BenchConfig(base_url=f"http://{config.host}:{config.port}", **config.bench)
-            if 99.0 not in bench_config.percentiles:
-                bench_config.percentiles.append(99.0)  # the SLA is on P99
-            bench_config.label = side.name
-            record["bench"] = serve_tiers.run(bench_config)
+            log(f"side {side.name}: ready after {record['startup_s']:.0f} s, environment verified; "
+                f"running the {config.workload()} workload")
+            record["bench"] = run_workload(config, side)
             record["status"] = "ok"
         except Refused as exc:
             record.update(status="refused", error=str(exc))
@@ -655,10 +704,22 @@ def run_side(config: AbConfig, side: Side) -> Dict[str, Any]:
     return record
 
 
+def run_workload(config: AbConfig, side: Side) -> Dict[str, Any]:
+    base_url = f"http://{config.host}:{config.port}"
+    settings = {k: v for k, v in config.bench.items() if k not in ("workload", "label")}  # label: the side's name
+    if config.workload() == "greedy":
+        return greedy_agreement.run(greedy_agreement.GreedyConfig(base_url=base_url, label=side.name, **settings))
+    bench_config = serve_tiers.BenchConfig(base_url=base_url, label=side.name, **settings)
+    if 99.0 not in bench_config.percentiles:
+        bench_config.percentiles.append(99.0)  # the SLA is on P99
+    return serve_tiers.run(bench_config)
+
+
 def _wait_until_ready(config, proc, expected, cache_dirs, record, started) -> None:
     """Poll /health; check the environment on every poll so a wrong side is refused early."""
+    verified: Dict[int, Dict[str, Any]] = {}
     while True:
-        check = check_server_env(proc.pid, expected, cache_dirs, config.env_check_scope)
+        check = check_server_env(proc.pid, expected, cache_dirs, config.env_check_scope, verified)
         if check["processes"] and not check["ok"]:
             record["env_check"] = check
             raise Refused(_describe_env_failure(check))
@@ -670,7 +731,7 @@ def _wait_until_ready(config, proc, expected, cache_dirs, record, started) -> No
             raise RuntimeError(f"/health did not answer within {config.health_timeout_s:.0f} s")
         time.sleep(0.5)
     record["startup_s"] = round(time.monotonic() - started, 1)
-    check = check_server_env(proc.pid, expected, cache_dirs, config.env_check_scope)
+    check = check_server_env(proc.pid, expected, cache_dirs, config.env_check_scope, verified)
     record["env_check"] = check
     if not check["ok"]:
         raise Refused(_describe_env_failure(check) if check["processes"] else "no server process environment could be read")
@@ -755,25 +816,20 @@ def _fmt(value, digits=1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def render_markdown(result: Dict[str, Any], png_note: str) -> str:
+def _run_lines(result: Dict[str, Any]) -> List[str]:
     config = result["config"]
-    rows = result["sla"]
-    bench = config.get("bench") or {}
-    lines = [
-        f"# A/B serving benchmark: {result['name']}",
-        "",
+    return [
         f"- date: {result['date']}; host: {result.get('host', {}).get('node', '?')}; "
         f"repo commit: {result.get('repo', {}).get('commit') or 'n/a'}"
         f"{' (uncommitted changes)' if result.get('repo', {}).get('dirty') else ''}"
         + (f"; sides measured in {len(result['runs'])} runs (see 'measured')" if len(result.get("runs", [])) > 1 else ""),
         f"- model: `{config['model']}`; server command: `{shlex.join(config['server_command'])} MODEL PORT [ARGS]`",
-        f"- workload: {bench.get('num_prompts', serve_tiers.BenchConfig.num_prompts)} prompts per tier, "
-        f"{bench.get('output_len', serve_tiers.BenchConfig.output_len)} output tokens, concurrency "
-        f"{bench.get('max_concurrency', 1)}, ignore_eos, random token-id prompts (no prefix reuse)",
-        f"- baseline side: **{result['baseline']}**; SLA: TTFT P99 and TPOT P99 <= {config['sla_factor']}x the "
-        f"baseline's, completion >= {config['min_completion']:.0%}; score = output tok/s if PASS else 0",
-        "- P99 over few requests is close to the worst request: read it as a max, not a tail estimate.",
-        "",
+    ]
+
+
+def _sides_lines(result: Dict[str, Any]) -> List[str]:
+    """The per-side table (status, env, env check, log counts, ...) and the overlay's counters."""
+    lines = [
         "## Sides",
         "",
         "| side | status | env | server args | start-up s | env check | log counts | measured | problems |",
@@ -803,6 +859,28 @@ def render_markdown(result: Dict[str, Any], png_note: str) -> str:
         for side in counted:
             total = side["govinda_counters"]["total"]
             lines.append(f"- {side['name']}: " + ", ".join(f"{k}={v}" for k, v in sorted(total.items())))
+    return lines
+
+
+def render_markdown(result: Dict[str, Any], png_note: str) -> str:
+    if result_workload(result) == "greedy":
+        return render_greedy_markdown(result)
+    config = result["config"]
+    rows = result["sla"]
+    bench = config.get("bench") or {}
+    lines = [
+        f"# A/B serving benchmark: {result['name']}",
+        "",
+        *_run_lines(result),
+        f"- workload: {bench.get('num_prompts', serve_tiers.BenchConfig.num_prompts)} prompts per tier, "
+        f"{bench.get('output_len', serve_tiers.BenchConfig.output_len)} output tokens, concurrency "
+        f"{bench.get('max_concurrency', 1)}, ignore_eos, random token-id prompts (no prefix reuse)",
+        f"- baseline side: **{result['baseline']}**; SLA: TTFT P99 and TPOT P99 <= {config['sla_factor']}x the "
+        f"baseline's, completion >= {config['min_completion']:.0%}; score = output tok/s if PASS else 0",
+        "- P99 over few requests is close to the worst request: read it as a max, not a tail estimate.",
+        "",
+        *_sides_lines(result),
+    ]
     for input_len, tier_rows_ in rows.items():
         lines += [
             "",
@@ -829,6 +907,83 @@ def render_markdown(result: Dict[str, Any], png_note: str) -> str:
         lines.append(f"| {side['name']} | {sum(r['score'] for r in mine):.2f} | {passed}/{len(mine)} |")
     lines += ["", png_note, ""]
     return "\n".join(lines)
+
+
+def result_workload(result: Dict[str, Any]) -> str:
+    return (result["config"].get("bench") or {}).get("workload", "tiers")
+
+
+def agreement_rows(result: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Greedy workload: every other side's continuations compared with the baseline side's."""
+    baseline = result["baseline"]
+    by_name = {side["name"]: side for side in result["sides"]}
+    base = by_name.get(baseline) or {}
+    rows = []
+    for side in result["sides"]:
+        if side["name"] == baseline:
+            continue
+        row: Dict[str, Any] = {"side": side["name"], "baseline": baseline}
+        missing = [s.get("name", baseline) for s in (base, side) if "completions" not in (s.get("bench") or {})]
+        if missing:
+            row["error"] = f"no continuations from {', '.join(missing)}"
+        else:
+            row.update(greedy_agreement.compare(base["bench"], side["bench"]), side=side["name"], baseline=baseline)
+        # Agreement of a side whose run broke a rule (e.g. the overlay never dispatched) proves nothing.
+        row["valid"] = all(s.get("status") == "ok" and not s.get("problems") for s in (base, side))
+        rows.append(row)
+    return rows
+
+
+def render_greedy_markdown(result: Dict[str, Any]) -> str:
+    bench = result["config"].get("bench") or {}
+    base = next((s for s in result["sides"] if s["name"] == result["baseline"]), {})
+    prompts = len(greedy_agreement.GreedyConfig(prompts=bench.get("prompts")).prompt_list())
+    prompt_set = "custom" if bench.get("prompts") is not None else "built-in set of bench/greedy_agreement.py"
+    lines = [
+        f"# A/B greedy agreement: {result['name']}",
+        "",
+        *_run_lines(result),
+        f"- workload: {prompts} prompts ({prompt_set}) as plain completions (no chat template), temperature 0, "
+        f"max_tokens {bench.get('max_tokens', greedy_agreement.GreedyConfig.max_tokens)}, EOS honoured, one "
+        f"request at a time, {bench.get('repeats', 1)} pass(es) per side",
+        f"- baseline side: **{result['baseline']}**; identical = the same generated token ids (characters when "
+        "the server returns no ids); a failed request counts as a difference; self-agreement = later passes "
+        "identical to a side's first pass (the noise floor)",
+        "",
+        *_sides_lines(result),
+        "",
+        "## Agreement with the baseline",
+        "",
+        "| side | identical | fraction | mean common prefix | baseline mean length | failed | self-agreement | valid |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    base_bench = base.get("bench") or {}
+    if "completions" in base_bench:
+        lengths = [len(r["token_ids"]) for r in base_bench["completions"] if r.get("token_ids") is not None]
+        mean_length = f"{sum(lengths) / len(lengths):.1f} tokens" if lengths else "n/a"
+        failed = sum(1 for r in base_bench["completions"] if r["error"])
+        lines.append(
+            f"| {result['baseline']} (baseline) | - | - | - | {mean_length} | {failed} | "
+            f"{greedy_agreement.self_agreement_text(base_bench.get('self_agreement'))} | - |"
+        )
+    for row in result["agreement"]:
+        valid = "yes" if row["valid"] else "NO (see Sides)"
+        if row.get("error"):
+            lines.append(f"| {row['side']} | {row['error']} | - | - | - | - | - | {valid} |")
+            continue
+        unit = row["prefix_unit"]
+        side_bench = next(s for s in result["sides"] if s["name"] == row["side"])["bench"]
+        lines.append(
+            f"| {row['side']} | {row['identical']}/{row['prompts']} | {row['fraction']:.1%} | "
+            f"{_fmt(row['mean_common_prefix'])} {unit} | {_fmt(row['mean_baseline_length'])} {unit} | "
+            f"{row['failed']} | {greedy_agreement.self_agreement_text(side_bench.get('self_agreement'))} | {valid} |"
+        )
+    for row in result["agreement"]:
+        if row.get("error"):
+            continue
+        lines += ["", f"### {row['side']}: differing prompts", ""]
+        lines += greedy_agreement.divergence_markdown(row, row["baseline"], row["side"])
+    return "\n".join(lines + [""])
 
 
 def render_png(result: Dict[str, Any], path: Path) -> str:
@@ -885,10 +1040,17 @@ def _draw_png(result: Dict[str, Any], path: Path, plt) -> str:
 def write_reports(result: Dict[str, Any], report_dir: Path, with_png: bool = True) -> Dict[str, Path]:
     report_dir.mkdir(parents=True, exist_ok=True)
     name = result["name"]
-    result["sla"] = tier_rows(result)
+    greedy = result_workload(result) == "greedy"
+    if greedy:
+        result["agreement"] = agreement_rows(result)
+    else:
+        result["sla"] = tier_rows(result)
     paths = {"json": report_dir / f"{name}.json", "md": report_dir / f"{name}.md", "png": report_dir / f"{name}.png"}
     paths["json"].write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
-    note = render_png(result, paths["png"]) if with_png else "Plot not generated yet (run in progress)."
+    if greedy:
+        note = ""  # no plot: the tables say it all
+    else:
+        note = render_png(result, paths["png"]) if with_png else "Plot not generated yet (run in progress)."
     paths["md"].write_text(render_markdown(result, note), encoding="utf-8")
     return paths
 
@@ -986,6 +1148,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", help="side the others are compared with (default: the first)")
     p.add_argument("--health-timeout", type=float, help="seconds to wait for /health (default 900)")
     p.add_argument("--stop-grace", type=float, help="seconds between SIGTERM and SIGKILL (default 30)")
+    p.add_argument("--workload", choices=WORKLOADS, help="what runs against each side (default: tiers)")
     p.add_argument("--input-lens", type=serve_tiers.parse_int_list)
     p.add_argument("--output-len", type=int)
     p.add_argument("--num-prompts", type=int)

@@ -1,5 +1,5 @@
 """Generated documentation: reports/env-vars.md and docs/patches.md come from patches.yaml,
-the global switches in settings.py and the ``# env-doc:`` lines of scripts/*.sh."""
+the global switches in settings.py and the ``# env-doc:`` lines of scripts/**/*.sh."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _cell(text: str) -> str:
 
 def script_switches() -> list[tuple[str, str, str, str, str]]:
     rows = []
-    for script in sorted(REPO_ROOT.glob("scripts/*.sh")) + sorted(REPO_ROOT.glob("bench/**/*.py")):
+    for script in sorted(REPO_ROOT.glob("scripts/**/*.sh")) + sorted(REPO_ROOT.glob("bench/**/*.py")):
         for line in script.read_text().splitlines():
             match = SCRIPT_DOC_LINE.match(line)
             if match:

@@ -62,7 +62,8 @@ def cached_verdict(settings) -> dict:
 
 
 def _run_in_child() -> dict:
-    env = dict(os.environ, GOVINDA_DISABLE="1", PYTHONUNBUFFERED="1")
+    # GOVINDA_SELFTEST_CHILD marks this process tree (e.g. for bench/ab.py's environment check).
+    env = dict(os.environ, GOVINDA_DISABLE="1", GOVINDA_SELFTEST_CHILD="1", PYTHONUNBUFFERED="1")
     command = [sys.executable, "-m", "govinda_patch", "selftest", "--json"]
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=SELFTEST_TIMEOUT_S)

@@ -50,6 +50,13 @@ GLOBAL_SWITCHES = (
         "auto: run the kernel self-test once per kernel/device version before a kernel group takes effect; "
         "skip: trust the kernels (CPU-only tests).",
     ),
+    GlobalSwitch(
+        "GOVINDA_SELFTEST_CHILD",
+        "1",
+        "(unset)",
+        "Set by the overlay itself on the self-test's child processes, which run with GOVINDA_DISABLE=1 on purpose "
+        "(bench/ab.py's environment check skips them). Do not set it.",
+    ),
     GlobalSwitch("GOVINDA_CACHE_DIR", "path", "~/.cache/govinda", "Where self-test verdicts and dispatch counters are kept."),
     GlobalSwitch(
         "GOVINDA_PLATFORM",

@@ -173,6 +173,7 @@ def _decode_split_kernel(
     K_SCALE_OFFSET_F32: tl.constexpr,
     V_SCALE_OFFSET_F32: tl.constexpr,
     WRITE_OUTPUT: tl.constexpr,  # single split: normalise and write the output directly
+    PREFETCH_NEXT_TILE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # the query dtype (tl.bfloat16 / tl.float16)
     UPCAST_DOT: tl.constexpr,
 ):
@@ -219,28 +220,43 @@ def _decode_split_kernel(
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc_t = tl.zeros([HEAD_DIM, GROUP_PAD], dtype=tl.float32)
     block_table_row = block_table_ptr + seq.to(tl.int64) * stride_block_table
-    for tile in range(tile_lo, tile_hi):
-        positions = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PREFETCH_NEXT_TILE:
+        # Software pipelining by hand: the next tile's block-table entries and K/V bytes are in
+        # flight while this tile's dots and softmax run (num_stages > 1 would stage through
+        # shared memory and costs more registers than this). Past the split's last tile the
+        # mask is all false, so no bytes of the next split are read.
+        positions = tile_lo * BLOCK_N + tl.arange(0, BLOCK_N)
         valid = positions < seq_len
         k, v, k_scale, v_scale = _load_kv_tile(
-            cache_ptr,
-            cache_f32_ptr,
-            block_table_row,
-            positions,
-            valid,
-            kv_head,
-            stride_cache_block,
-            stride_cache_block_f32,
-            BLOCK_SIZE,
-            HEAD_DIM,
-            V_DATA_OFFSET,
-            K_SCALE_OFFSET_F32,
-            V_SCALE_OFFSET_F32,
-            True,
+            cache_ptr, cache_f32_ptr, block_table_row, positions, valid, kv_head,
+            stride_cache_block, stride_cache_block_f32,
+            BLOCK_SIZE, HEAD_DIM, V_DATA_OFFSET, K_SCALE_OFFSET_F32, V_SCALE_OFFSET_F32, True,
         )
-        m_i, l_i, acc_t = _decode_tile(
-            q_t, k, v, k_scale, v_scale, valid, m_i, l_i, acc_t, qk_scale, DOT_DTYPE, UPCAST_DOT
-        )
+        for tile in range(tile_lo, tile_hi):
+            next_positions = positions + BLOCK_N
+            next_valid = (next_positions < seq_len) & (tile + 1 < tile_hi)
+            next_k, next_v, next_k_scale, next_v_scale = _load_kv_tile(
+                cache_ptr, cache_f32_ptr, block_table_row, next_positions, next_valid, kv_head,
+                stride_cache_block, stride_cache_block_f32,
+                BLOCK_SIZE, HEAD_DIM, V_DATA_OFFSET, K_SCALE_OFFSET_F32, V_SCALE_OFFSET_F32, True,
+            )
+            m_i, l_i, acc_t = _decode_tile(
+                q_t, k, v, k_scale, v_scale, valid, m_i, l_i, acc_t, qk_scale, DOT_DTYPE, UPCAST_DOT
+            )
+            k, v, k_scale, v_scale = next_k, next_v, next_k_scale, next_v_scale
+            positions, valid = next_positions, next_valid
+    else:
+        for tile in range(tile_lo, tile_hi):
+            positions = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+            valid = positions < seq_len
+            k, v, k_scale, v_scale = _load_kv_tile(
+                cache_ptr, cache_f32_ptr, block_table_row, positions, valid, kv_head,
+                stride_cache_block, stride_cache_block_f32,
+                BLOCK_SIZE, HEAD_DIM, V_DATA_OFFSET, K_SCALE_OFFSET_F32, V_SCALE_OFFSET_F32, True,
+            )
+            m_i, l_i, acc_t = _decode_tile(
+                q_t, k, v, k_scale, v_scale, valid, m_i, l_i, acc_t, qk_scale, DOT_DTYPE, UPCAST_DOT
+            )
 
     if WRITE_OUTPUT:
         out_t = acc_t / l_i[None, :]
@@ -663,6 +679,7 @@ def _launch_decode(
         K_SCALE_OFFSET_F32=offsets.k_scale // 4,
         V_SCALE_OFFSET_F32=offsets.v_scale // 4,
         WRITE_OUTPUT=write_output,
+        PREFETCH_NEXT_TILE=config.prefetch_next_tile,
         DOT_DTYPE=_DOT_DTYPES[query.dtype],
         UPCAST_DOT=interpreting(),
         **config.launch_kwargs(),

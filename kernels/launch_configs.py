@@ -44,6 +44,9 @@ class KernelConfig:
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 1
+    # Decode only: load tile i+1 while tile i is computed (more bytes in flight per program,
+    # at the cost of one more K/V tile of registers).
+    prefetch_next_tile: bool = False
     # HIP-only compiler knobs; 0 means "leave the compiler's default" and is not passed.
     waves_per_eu: int = 0
     matrix_instr_nonkdim: int = 0
@@ -70,6 +73,8 @@ class DecodeSplitPolicy:
     programs_per_sm: int = 4
     max_splits: int = 256
     min_tiles_per_split: int = 1
+    # Used instead of programs_per_sm when a step holds more than one decode (None: the same).
+    batched_programs_per_sm: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -123,7 +128,14 @@ ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = {
         # block_m >= max_splits: the reduce reads all splits in one pass.
         reduce=KernelConfig(block_m=256, block_n=32, num_warps=4),
         store=KernelConfig(num_warps=2),
-        decode_splits=DecodeSplitPolicy(programs_per_sm=2, max_splits=256, min_tiles_per_split=1),
+        # Re-measured 2026-11-30 with bench/tune_decode.py (reports/h200/tune_decode_h200.json):
+        # block_n {32,64,128} x warps {4,8} x prefetch_next_tile x programs_per_sm {1,2,4}. Batch 1
+        # keeps 64/4 warps/2 per SM (16K: 32.6 us; 4 per SM 34.0 us). Batch 8 x 8K wants more
+        # splits: 4 per SM 91.8 us vs 108.9 us. prefetch_next_tile lost everywhere (the second
+        # tile in registers pushes 4-warp programs to 255 registers and spills).
+        decode_splits=DecodeSplitPolicy(
+            programs_per_sm=2, max_splits=256, min_tiles_per_split=1, batched_programs_per_sm=4
+        ),
         default_sm_count=132,
     ),
     "cuda_default": ArchLaunchConfigs(
@@ -256,7 +268,10 @@ def decode_num_splits(
 ) -> int:
     """Splits per (decode, kv head): a function of the batch shape only, so the grid is fixed
     for a given ``num_decodes`` (CUDA-graph capturable)."""
-    programs_wanted = policy.programs_per_sm * num_sms
+    per_sm = policy.programs_per_sm
+    if num_decodes > 1 and policy.batched_programs_per_sm is not None:
+        per_sm = policy.batched_programs_per_sm
+    programs_wanted = per_sm * num_sms
     per_split = max(num_decodes * num_kv_heads, 1)
     splits = -(-programs_wanted // per_split)
     return max(1, min(splits, policy.max_splits))

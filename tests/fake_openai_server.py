@@ -9,6 +9,15 @@ half of its tokens (``--short-every``). Debug endpoints let a test see what the 
 ``/debug/env`` (its environment, ``GOVINDA_*`` and the compile-cache variables) and
 ``/debug/requests`` (per request: prompt length, first ids, max id, max_tokens, ignore_eos).
 
+Text prompts (``"prompt": "..."``, non-streaming) get a deterministic "greedy" continuation for
+bench/greedy_agreement.py: token ids derived from a CRC of the prompt, text ``" w<id>"`` per token,
+``choices[0].token_ids`` when ``return_token_ids`` is set (unless ``--no-token-ids``), and with
+``logprobs`` the top two candidates per token keyed ``"token_id:N"`` when
+``return_tokens_as_token_ids`` is set. Sides can be made to differ: ``--greedy-diverge SUB=POS``
+changes every token from POS on for prompts containing SUB (the two candidates there are a near
+tie, margin 0.02; elsewhere the margin is 2.0), ``--greedy-stop SUB=LEN`` ends those prompts with
+EOS after LEN tokens (``finish_reason: stop``).
+
 Unless GOVINDA_DISABLE=1 it imitates the overlay at start-up: prints ``govinda: fake overlay
 active`` (for log counting) and writes ``$GOVINDA_CACHE_DIR/counters/<pid>.json``.
 """
@@ -21,11 +30,39 @@ import json
 import os
 import sys
 import time
+import zlib
 
 from aiohttp import web
 
 ENV_PREFIXES = ("GOVINDA_",)
 ENV_KEYS = ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "PYTHONPATH")
+GREEDY_VOCAB_FLOOR, GREEDY_VOCAB_SPAN = 100, 5000
+NEAR_TIE_MARGIN, CLEAR_MARGIN = 0.02, 2.0
+
+
+def _substring_rules(items):
+    """['SUB=N', ...] -> [(SUB, N), ...]"""
+    rules = []
+    for item in items or []:
+        sub, _, value = item.rpartition("=")
+        rules.append((sub, int(value)))
+    return rules
+
+
+def _first_rule(rules, prompt):
+    return next((value for sub, value in rules if sub in prompt), None)
+
+
+def greedy_continuation(prompt: str, max_tokens: int, diverge_at, stop_after):
+    """(token ids, finish_reason, per-token runner-up margins) of the fake's greedy decode."""
+    seed = zlib.crc32(prompt.encode())
+    count = max_tokens if stop_after is None else min(max_tokens, stop_after)
+    ids = [GREEDY_VOCAB_FLOOR + (seed + 7919 * i) % GREEDY_VOCAB_SPAN for i in range(count)]
+    if diverge_at is not None:
+        ids[diverge_at:] = [GREEDY_VOCAB_FLOOR + (x - GREEDY_VOCAB_FLOOR + 1) % GREEDY_VOCAB_SPAN for x in ids[diverge_at:]]
+    margins = [NEAR_TIE_MARGIN if i == diverge_at else CLEAR_MARGIN for i in range(count)]
+    finish = "stop" if stop_after is not None and stop_after < max_tokens else "length"
+    return ids, finish, margins
 
 
 def build_app(args: argparse.Namespace) -> web.Application:
@@ -49,6 +86,8 @@ def build_app(args: argparse.Namespace) -> web.Application:
         number = state["count"]
         body = await request.json()
         prompt = body.get("prompt")
+        if isinstance(prompt, str) and not body.get("stream"):
+            return greedy_response(number, body)
         if not isinstance(prompt, list) or not all(isinstance(x, int) for x in prompt):
             return web.json_response({"error": "this fake only takes token-id prompts"}, status=400)
         max_tokens = int(body.get("max_tokens", 16))
@@ -114,6 +153,54 @@ def build_app(args: argparse.Namespace) -> web.Application:
         await response.write_eof()
         return response
 
+    diverge_rules = _substring_rules(args.greedy_diverge)
+    stop_rules = _substring_rules(args.greedy_stop)
+
+    def greedy_response(number: int, body) -> web.Response:
+        prompt = body["prompt"]
+        max_tokens = int(body.get("max_tokens", 16))
+        state["requests"].append(
+            {
+                "number": number,
+                "prompt": prompt,
+                **{key: body.get(key) for key in ("max_tokens", "temperature", "logprobs", "return_token_ids",
+                                                  "return_tokens_as_token_ids", "stream", "ignore_eos")},
+            }
+        )
+        if args.fail_every and number % args.fail_every == 0:
+            return web.json_response({"error": "injected failure"}, status=500)
+        ids, finish, margins = greedy_continuation(
+            prompt, max_tokens, _first_rule(diverge_rules, prompt), _first_rule(stop_rules, prompt)
+        )
+        choice = {"index": 0, "text": "".join(f" w{i}" for i in ids), "finish_reason": finish}
+        if body.get("return_token_ids") and not args.no_token_ids:
+            choice["token_ids"] = ids
+        if body.get("logprobs"):
+            as_ids = bool(body.get("return_tokens_as_token_ids"))
+
+            def name(token_id: int) -> str:
+                return f"token_id:{token_id}" if as_ids else f" w{token_id}"
+
+            runner_up = [GREEDY_VOCAB_FLOOR + (x - GREEDY_VOCAB_FLOOR + 2) % GREEDY_VOCAB_SPAN for x in ids]
+            starts = [len("".join(f" w{i}" for i in ids[:k])) for k in range(len(ids))]
+            choice["logprobs"] = {
+                "text_offset": starts,
+                "tokens": [name(i) for i in ids],
+                "token_logprobs": [-0.1] * len(ids),
+                "top_logprobs": [{name(i): -0.1, name(r): -0.1 - m} for i, r, m in zip(ids, runner_up, margins)],
+            }
+        return web.json_response(
+            {
+                "id": f"cmpl-{number}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": args.model,
+                "choices": [choice],
+                "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(ids),
+                          "total_tokens": len(prompt.split()) + len(ids)},
+            }
+        )
+
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
@@ -136,6 +223,11 @@ def main(argv=None) -> None:
     p.add_argument("--fail-every", type=int, default=0, help="HTTP 500 on every Nth request")
     p.add_argument("--short-every", type=int, default=0, help="half the tokens on every Nth request")
     p.add_argument("--startup-delay", type=float, default=0.0, help="seconds before listening")
+    p.add_argument("--greedy-diverge", action="append", metavar="SUB=POS",
+                   help="text prompts containing SUB: every token from POS on differs")
+    p.add_argument("--greedy-stop", action="append", metavar="SUB=LEN",
+                   help="text prompts containing SUB: EOS after LEN tokens")
+    p.add_argument("--no-token-ids", action="store_true", help="ignore return_token_ids (ids only via logprobs)")
     args, unknown = p.parse_known_args(argv)
     words = list(args.words)
     if words and words[0] == "serve":

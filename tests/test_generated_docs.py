@@ -22,7 +22,7 @@ def test_committed_docs_are_current(command, base_env):
 def test_every_switch_read_by_the_code_is_documented():
     documented = set(re.findall(r"`(GOVINDA_[A-Z0-9_]+)`", (REPO / "reports" / "env-vars.md").read_text()))
     sources = [REPO / "sitecustomize.py", *REPO.glob("govinda_patch/**/*.py"), *REPO.glob("kernels/*.py"),
-               *REPO.glob("scripts/*.sh"), *REPO.glob("bench/**/*.py"), REPO / "patches.yaml"]
+               *REPO.glob("scripts/**/*.sh"), *REPO.glob("bench/**/*.py"), REPO / "patches.yaml"]
     used = set()
     for path in sources:
         used |= set(re.findall(r"\b(GOVINDA_[A-Z0-9_]*[A-Z0-9])\b", path.read_text()))

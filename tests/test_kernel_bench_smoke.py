@@ -165,3 +165,27 @@ def test_accuracy_smoke_errors_are_finite_and_small(accuracy_payload):
             for entry in bf16_record["sequences"]:
                 assert entry["vs_original_kv"]["rel_l2_err"] < 1e-2
         _check_int8pth(case["contenders"][int8pth], payload)
+
+
+def test_decode_tuning_sweep_smoke(tmp_path, base_env):
+    """bench/tune_decode.py: every variant (both loop forms, two split policies) runs under the
+    interpreter and matches the table configuration's output."""
+    out = tmp_path / "tune.json"
+    completed = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "tune_decode.py"), "--smoke", "--block-n", "16",
+         "--warps", "4", "--prefetch", "0,1", "--programs-per-sm", "1,2", "--out", str(out)],
+        env=base_env, cwd=str(REPO), capture_output=True, text=True, timeout=600,
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    payload = json.loads(out.read_text())
+    assert payload["table_key"] == "interpreter"
+    assert [case["batch"] for case in payload["cases"]] == [1, 3]
+    for case in payload["cases"]:
+        assert len(case["variants"]) == 4
+        splits = set()
+        for record in case["variants"]:
+            assert record["status"] == "ok" and record["output_finite"], record
+            # fp16 outputs of different tilings/split counts: a few units of the last place at most
+            assert record["max_abs_diff_vs_table"] < 5e-3, record
+            splits.add(record["num_splits"])
+        assert len(splits) == 2  # the two split policies gave different grids

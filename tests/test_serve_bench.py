@@ -283,6 +283,41 @@ def test_proc_environ_matches_what_the_server_sees(tmp_path, fake_server_factory
     assert any("GOVINDA_PATCHES_FILE" in p for p in refused["processes"][0]["problems"])
 
 
+def test_env_check_handles_renamed_workers_and_the_selftest_child(tmp_path, monkeypatch):
+    """What the H200 run showed: vLLM's EngineCore renames itself with setproctitle, which leaves
+    only a remnant in /proc/<pid>/environ; the overlay's self-test child runs with
+    GOVINDA_DISABLE=1 on purpose (and so do its compiler children)."""
+    side = ab.Side("on", env={"GOVINDA_DISABLE": "0"})
+    config = _config(tmp_path, [side])
+    caches = ab.side_cache_dirs(config, side)
+    expected = ab.expected_env(config, side)
+    good = dict(caches, GOVINDA_DISABLE="0", PATH="/usr/bin")
+    remnant = {"PATH": "/usr/bin"}  # what the renamed EngineCore showed
+    processes = {
+        10: ("python3", "python3 -m vllm.entrypoints.cli.main serve m", good),
+        11: ("VLLM::EngineCor", "VLLM::EngineCore", good),
+        12: ("python3", "python3 -m govinda_patch selftest --json", dict(good, GOVINDA_DISABLE="1", GOVINDA_SELFTEST_CHILD="1")),
+        13: ("gcc-real", "gcc -shared x.c", dict(good, GOVINDA_DISABLE="1", GOVINDA_SELFTEST_CHILD="1")),
+    }
+    monkeypatch.setattr(ab, "server_processes", lambda root, scope: [{"pid": p, "comm": c} for p, (c, _, _) in processes.items()])
+    monkeypatch.setattr(ab, "_cmdline", lambda pid: processes[pid][1])
+    monkeypatch.setattr(ab, "read_environ", lambda pid: processes[pid][2])
+
+    verified = {}
+    first = ab.check_server_env(10, expected, caches, "tree", verified)
+    assert first["ok"] and first["checked"] == 1 and first["environ_overwritten"] == [{"pid": 11, "comm": "VLLM::EngineCor", "cmdline": "VLLM::EngineCore"}]
+    # Seen before the rename: the earlier verdict stands once its environ is a remnant.
+    processes[11] = ("python3", "python3 -c from multiprocessing.spawn import spawn_main", good)
+    ab.check_server_env(10, expected, caches, "tree", verified)
+    processes[11] = ("VLLM::EngineCor", "VLLM::EngineCore", remnant)
+    later = ab.check_server_env(10, expected, caches, "tree", verified)
+    assert later["ok"] and later["checked"] == 2 and later["environ_overwritten"] == []
+    # A real mismatch in a readable process is still refused; the selftest marker alone is not a pass.
+    processes[10] = ("python3", "python3 -m vllm.entrypoints.cli.main serve m", dict(good, GOVINDA_DISABLE="1"))
+    refused = ab.check_server_env(10, expected, caches, "tree", verified)
+    assert not refused["ok"] and any("GOVINDA_DISABLE" in p for p in refused["processes"][0]["problems"])
+
+
 # ----------------------------------------------------------------------------- ab: end to end
 
 

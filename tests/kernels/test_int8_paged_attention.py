@@ -298,3 +298,39 @@ def test_preallocated_workspace_is_reused_and_checked():
     too_small = attention.DecodeWorkspace.allocate(1, 4, 64, torch.device("cpu"), num_kv_heads=1)
     with pytest.raises(ValueError, match="workspace"):
         batch.run(workspace=too_small)
+
+
+@pytest.mark.parametrize("prefetch_next_tile", [False, True], ids=["load_in_loop", "prefetch_next_tile"])
+def test_decode_tile_loop_variants_match_reference(monkeypatch, prefetch_next_tile):
+    """Both decode loop forms (the launch table picks one per architecture): splits with one
+    tile, several tiles, a split whose range ends mid-sequence, and an empty split."""
+    import dataclasses
+
+    table = launch_configs.ARCH_TABLES["interpreter"]
+    decode = {d: dataclasses.replace(c, prefetch_next_tile=prefetch_next_tile) for d, c in table.decode.items()}
+    monkeypatch.setitem(launch_configs.ARCH_TABLES, "interpreter", dataclasses.replace(table, decode=decode))
+    batch = Batch(
+        num_q_heads=6,
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=48,
+        query_lens=[1, 1, 1, 5],
+        seq_lens=[700, 20, 97, 40],
+        num_decodes=3,
+        seed=21,
+    )
+    assert_matches_reference(batch, batch.run())
+
+
+def test_split_policy_fills_the_gpu_and_can_differ_for_batched_steps():
+    policy = launch_configs.DecodeSplitPolicy(programs_per_sm=2, max_splits=256, batched_programs_per_sm=4)
+    sms, kv_heads = 132, 4
+    single = launch_configs.decode_num_splits(1, kv_heads, sms, policy)
+    batched = launch_configs.decode_num_splits(8, kv_heads, sms, policy)
+    assert single * kv_heads >= 2 * sms > (single - 1) * kv_heads  # ceil of 2 programs per SM
+    assert batched * 8 * kv_heads >= 4 * sms > (batched - 1) * 8 * kv_heads
+    same = launch_configs.DecodeSplitPolicy(programs_per_sm=2, max_splits=256)
+    assert launch_configs.decode_num_splits(8, kv_heads, sms, same) < batched
+    capped = launch_configs.DecodeSplitPolicy(programs_per_sm=64, max_splits=16)
+    assert launch_configs.decode_num_splits(1, 1, sms, capped) == 16
+    assert launch_configs.decode_num_splits(10_000, kv_heads, sms, policy) == 1

@@ -1,0 +1,346 @@
+#!/usr/bin/env python3
+"""Sweep the INT8 decode kernel's launch configuration on this GPU and print the best per case.
+
+The decode entry of a launch table (``kernels/launch_configs.py``) has four knobs that only
+measurements can settle: the KV tile (``block_n``), ``num_warps``, ``prefetch_next_tile``
+(load tile i+1 while tile i is computed) and how many programs per SM the split policy aims
+for. This script times every combination on the Qwen3.5-27B attention geometry (one layer,
+24 q / 4 kv heads, D=256, block size 1552 as vLLM picks it for the hybrid model) through
+CUDA-graph replays with the L2 flushed, as ``bench/kernel_bench.py`` times decode, and
+records for each configuration: time, read bandwidth and its fraction of the measured copy
+bandwidth, the largest output difference to the table's current configuration, and the
+compiled kernel's registers and spills. Copy the winners into the architecture's table.
+
+``--profile-config BLOCK_N,WARPS,PREFETCH,PROGRAMS_PER_SM`` skips the sweep and runs that
+configuration a few times per case, untimed, for a profiler::
+
+    ncu --kernel-name regex:_decode_ --section SpeedOfLight --section Occupancy \\
+        python3 bench/tune_decode.py --profile-config 64,4,1,2 --cases 1x32768
+
+``--smoke`` runs tiny shapes under ``TRITON_INTERPRET=1`` on the CPU (checks every
+configuration's output, times nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from bench import kernel_bench as kb  # noqa: E402  (after the sys.path fix)
+
+SWEEP_BLOCK_SIZE = 1552  # vLLM's hybrid block size for Qwen3.5-27B at 2080 bytes per token
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeVariant:
+    block_n: int
+    num_warps: int
+    prefetch_next_tile: bool
+    programs_per_sm: int
+    num_stages: int = 1
+
+    @property
+    def label(self) -> str:
+        return (
+            f"n{self.block_n}-w{self.num_warps}-s{self.num_stages}-"
+            f"{'pf' if self.prefetch_next_tile else 'nopf'}-pps{self.programs_per_sm}"
+        )
+
+
+def parse_cases(text: str) -> List[Tuple[int, int]]:
+    cases = []
+    for item in text.split(","):
+        batch, context = item.lower().split("x")
+        cases.append((int(batch), int(context)))
+    return cases
+
+
+def parse_ints(text: str) -> List[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+@contextlib.contextmanager
+def decode_variant_in_force(launch_configs, device, head_dim: int, variant: Optional[DecodeVariant]) -> Iterator[None]:
+    """Temporarily replace the current architecture's decode entry and split policy."""
+    if variant is None:
+        yield
+        return
+    key = launch_configs.arch_key(device)
+    table = launch_configs.ARCH_TABLES[key]
+    decode_entry = launch_configs.KernelConfig(
+        block_n=variant.block_n,
+        num_warps=variant.num_warps,
+        num_stages=variant.num_stages,
+        prefetch_next_tile=variant.prefetch_next_tile,
+    )
+    patched = dataclasses.replace(
+        table,
+        decode={**table.decode, head_dim: decode_entry},
+        decode_splits=dataclasses.replace(
+            table.decode_splits, programs_per_sm=variant.programs_per_sm, batched_programs_per_sm=None
+        ),
+    )
+    launch_configs.ARCH_TABLES[key] = patched
+    try:
+        yield
+    finally:
+        launch_configs.ARCH_TABLES[key] = table
+
+
+def compiled_kernel_stats(jit_function) -> Dict[str, Dict[str, Any]]:
+    """Registers, spills and shared memory of every compiled variant of a Triton kernel."""
+    stats: Dict[str, Dict[str, Any]] = {}
+    for device_cache in getattr(jit_function, "device_caches", {}).values():
+        kernels = device_cache[0] if isinstance(device_cache, tuple) else {}
+        for key, kernel in kernels.items():
+            metadata = getattr(kernel, "metadata", None)
+            stats[str(key)] = {
+                "n_regs": getattr(kernel, "n_regs", None),
+                "n_spills": getattr(kernel, "n_spills", None),
+                "num_warps": getattr(metadata, "num_warps", None),
+                "shared_bytes": getattr(metadata, "shared", None),
+            }
+    return stats
+
+
+def _safe_kernel_stats(jit_function) -> Dict[str, Dict[str, Any]]:
+    try:  # Triton-internal attributes: informational, never worth failing the sweep for
+        return compiled_kernel_stats(jit_function)
+    except Exception:
+        return {}
+
+
+class DecodeCase:
+    """One decode batch on a filled INT8 cache, callable under any launch variant."""
+
+    def __init__(self, ctx: kb.Context, batch: int, context: int, salt: int):
+        import torch
+
+        self.ctx, self.batch, self.context = ctx, batch, context
+        geometry = ctx.config.geometry
+        self.geometry = geometry
+        seq_lens = [context] * batch
+        key, value, query = kb.realistic_qkv(sum(seq_lens), batch, geometry, ctx.device, ctx.generator(salt))
+        self.contender = kb.OursContender(ctx.ours, geometry, ctx.config.ours_block_size, ctx.device)
+        layout = kb.make_layout(seq_lens, self.contender.block_size, ctx.device, ctx.cpu_generator(salt + 1))
+        self.contender.allocate(layout)
+        offsets = [i * context for i in range(batch)]
+        kb.fill_cache(self.contender, layout, key, value, offsets)
+        self.step = kb.make_step(layout, [1] * batch, seq_lens)
+        self.query = query
+        self.output = torch.zeros_like(query)
+        query_bytes = query.numel() * query.element_size()
+        self.bytes_read = query_bytes + sum(seq_lens) * self.contender.kv_bytes_per_token
+
+    def prepare(self) -> None:
+        """A workspace sized for the split policy in force."""
+        g = self.geometry
+        self.contender.workspace = self.ctx.ours.DecodeWorkspace.allocate(
+            self.batch, g.num_q_heads, g.head_dim, self.ctx.device, num_kv_heads=g.num_kv_heads
+        )
+
+    def __call__(self) -> None:
+        self.contender.attention(self.query, self.output, self.step)
+
+    @property
+    def name(self) -> str:
+        return f"decode_b{self.batch}_ctx{self.context}"
+
+
+def run_variant(case: DecodeCase, variant: Optional[DecodeVariant], launch_configs, attention, reference) -> Dict[str, Any]:
+    import torch
+
+    ctx = case.ctx
+    record: Dict[str, Any] = {"variant": dataclasses.asdict(variant) if variant else "table", "status": "ok"}
+    before = set(_safe_kernel_stats(attention._decode_split_kernel))
+    try:
+        with decode_variant_in_force(launch_configs, ctx.device, case.geometry.head_dim, variant):
+            case.prepare()
+            record["num_splits"] = attention.decode_splits_for(case.batch, case.geometry.num_kv_heads, ctx.device)
+            case.output.zero_()
+            case()
+            if reference is not None:
+                record["max_abs_diff_vs_table"] = float((case.output.float() - reference.float()).abs().max())
+            record["output_finite"] = bool(torch.isfinite(case.output.float()).all())
+            stats = ctx.timer.graph(case, ctx.config.rep_ms)
+        record["timing"] = stats
+        record["time_us"] = stats.get("median_us")
+        record.update(kb.bandwidth_fields(ctx, stats.get("median_us"), case.bytes_read))
+    except Exception as error:  # an invalid combination (e.g. out of shared memory) is a result too
+        record.update(kb.error_record(error))
+    new = {k: v for k, v in _safe_kernel_stats(attention._decode_split_kernel).items() if k not in before}
+    if new:
+        record["compiled"] = list(new.values())
+    return record
+
+
+def sweep(args: argparse.Namespace) -> Dict[str, Any]:
+    from govinda_patch.kernel_package import import_kernel
+
+    config = kb.make_config(argparse.Namespace(smoke=args.smoke, quick=True, no_bs16=True, rep_ms=args.rep_ms, warmup_ms=None))
+    config = dataclasses.replace(config, ours_block_size=args.block_size or (config.ours_block_size if args.smoke else SWEEP_BLOCK_SIZE))
+    ctx = kb.Context(argparse.Namespace(smoke=args.smoke, seed=args.seed, time_budget_s=0), config)
+    if ctx.ours is None:
+        raise RuntimeError(f"our kernels failed to load: {ctx.ours_error}")
+    launch_configs = import_kernel("launch_configs")
+    attention = import_kernel("int8_paged_attention")
+    payload: Dict[str, Any] = {
+        "meta": kb.environment_metadata(args, "bench/tune_decode.py"),
+        "table_key": launch_configs.arch_key(ctx.device),
+        "table_decode_entry": dataclasses.asdict(
+            launch_configs.get_launch_configs(ctx.device).decode_config(config.geometry.head_dim)
+        ),
+        "table_split_policy": dataclasses.asdict(launch_configs.get_launch_configs(ctx.device).decode_splits),
+        "block_size": config.ours_block_size,
+        "cases": [],
+    }
+    if not args.smoke:
+        payload["copy"] = kb.section_copy(ctx)
+    cases = parse_cases(args.cases) if not args.smoke else [(1, 300), (3, 200)]
+    variants = [
+        DecodeVariant(n, w, bool(pf), pps, st)
+        for n, w, pf, pps, st in itertools.product(
+            parse_ints(args.block_n), parse_ints(args.warps), parse_ints(args.prefetch),
+            parse_ints(args.programs_per_sm), parse_ints(args.stages),
+        )
+    ]
+    deadline = time.time() + args.time_budget_s if args.time_budget_s > 0 else None
+    for index, (batch, context) in enumerate(cases):
+        case = DecodeCase(ctx, batch, context, salt=500 + index)
+        kb.log(f"{case.name}: {len(variants)} variants, {case.bytes_read / 1e6:.1f} MB read per call")
+        table_record = run_variant(case, None, launch_configs, attention, None)
+        reference = case.output.clone()
+        case_record = {"case": case.name, "batch": batch, "context": context, "bytes_read": case.bytes_read,
+                       "table": table_record, "variants": []}
+        payload["cases"].append(case_record)
+        kb.log(f"  table config: {kb._fmt(table_record.get('time_us'), '.1f')} us")
+        for variant in variants:
+            if deadline is not None and time.time() > deadline:
+                case_record["variants"].append({"variant": dataclasses.asdict(variant), "status": "skipped",
+                                                "reason": "time budget"})
+                continue
+            record = run_variant(case, variant, launch_configs, attention, reference)
+            case_record["variants"].append(record)
+            kb.log(f"  {variant.label}: {kb._fmt(record.get('time_us'), '.1f')} us "
+                   f"frac {kb._fmt(record.get('frac_of_copy_bw'), '.3f')} "
+                   f"diff {kb._fmt(record.get('max_abs_diff_vs_table'), '.2e')} "
+                   f"regs {[c.get('n_regs') for c in record.get('compiled', [])]} "
+                   f"{record.get('error', '')}")
+            if args.smoke and record["status"] == "ok" and record.get("max_abs_diff_vs_table", 0) > 1e-2:
+                raise AssertionError(f"{variant.label} differs from the table's output: {record}")
+        timed = [r for r in case_record["variants"] if r.get("time_us")]
+        if timed:
+            best = min(timed, key=lambda r: r["time_us"])
+            case_record["best"] = best["variant"]
+            case_record["best_time_us"] = best["time_us"]
+            case_record["best_frac_of_copy_bw"] = best.get("frac_of_copy_bw")
+        case.contender.release()
+        kb.write_json(args.out, payload)
+    return payload
+
+
+def profile(args: argparse.Namespace) -> None:
+    """Run one configuration a few times per case, untimed, for an external profiler."""
+    import torch
+
+    from govinda_patch.kernel_package import import_kernel
+
+    block_n, warps, prefetch, pps = parse_ints(args.profile_config)
+    variant = DecodeVariant(block_n, warps, bool(prefetch), pps)
+    config = kb.make_config(argparse.Namespace(smoke=False, quick=True, no_bs16=True, rep_ms=None, warmup_ms=None))
+    config = dataclasses.replace(config, ours_block_size=args.block_size or SWEEP_BLOCK_SIZE)
+    ctx = kb.Context(argparse.Namespace(smoke=False, seed=args.seed, time_budget_s=0), config)
+    launch_configs = import_kernel("launch_configs")
+    for index, (batch, context) in enumerate(parse_cases(args.cases)):
+        case = DecodeCase(ctx, batch, context, salt=500 + index)
+        with decode_variant_in_force(launch_configs, ctx.device, config.geometry.head_dim, variant):
+            case.prepare()
+            for _ in range(3):
+                case()
+        torch.cuda.synchronize()
+        kb.log(f"profiled {case.name} with {variant.label}")
+        case.contender.release()
+
+
+def recommend(payload: Dict[str, Any], max_loss: float = 0.03) -> Optional[Dict[str, Any]]:
+    """The variant with the best geometric-mean speed-up over the table's config across all
+    cases, among those no case of which is more than ``max_loss`` slower than the table."""
+    import math
+
+    scores: Dict[str, List[float]] = {}
+    variants: Dict[str, Dict[str, Any]] = {}
+    for case in payload["cases"]:
+        table_time = case["table"].get("time_us")
+        if not table_time:
+            return None
+        for record in case["variants"]:
+            if record.get("time_us"):
+                label = DecodeVariant(**record["variant"]).label
+                variants[label] = record["variant"]
+                scores.setdefault(label, []).append(record["time_us"] / table_time)
+    complete = {k: v for k, v in scores.items() if len(v) == len(payload["cases"]) and max(v) <= 1.0 + max_loss}
+    if not complete:
+        return None
+    best = min(complete, key=lambda k: math.fsum(math.log(r) for r in complete[k]))
+    return {"variant": variants[best], "label": best, "time_ratio_vs_table": complete[best],
+            "geomean_ratio": math.exp(math.fsum(math.log(r) for r in complete[best]) / len(complete[best]))}
+
+
+def print_summary(payload: Dict[str, Any]) -> None:
+    for case in payload["cases"]:
+        rows = sorted((r for r in case["variants"] if r.get("time_us")), key=lambda r: r["time_us"])
+        table_time = case["table"].get("time_us")
+        print(f"\n{case['case']} ({case['bytes_read'] / 1e6:.1f} MB): table config {kb._fmt(table_time, '.1f')} us")
+        for r in rows[:8]:
+            variant = DecodeVariant(**r["variant"])
+            regs = [c.get("n_regs") for c in r.get("compiled", [])]
+            print(f"  {variant.label:28s} {r['time_us']:8.1f} us  frac {kb._fmt(r.get('frac_of_copy_bw'), '.3f')}"
+                  f"  splits {r.get('num_splits')}  regs {regs}")
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cases", default="1x16384,1x32768,8x8192,1x4096", help="BATCHxCONTEXT list")
+    p.add_argument("--block-n", default="32,64")
+    p.add_argument("--warps", default="4,8")
+    p.add_argument("--prefetch", default="0,1", help="prefetch_next_tile values (0/1)")
+    p.add_argument("--programs-per-sm", default="1,2,3,4")
+    p.add_argument("--stages", default="1")
+    p.add_argument("--block-size", type=int, default=None, help=f"cache block size (default {SWEEP_BLOCK_SIZE})")
+    p.add_argument("--rep-ms", type=float, default=None)
+    p.add_argument("--time-budget-s", type=float, default=150.0, help="skip variants after this (0: no limit)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--smoke", action="store_true", help="CPU, TRITON_INTERPRET=1, tiny shapes, untimed")
+    p.add_argument("--profile-config", metavar="BLOCK_N,WARPS,PREFETCH,PPS", help="run one config for a profiler")
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "reports" / "tune_decode.json")
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    kb.prepare_environment(args.smoke)
+    if args.profile_config:
+        profile(args)
+        return 0
+    payload = sweep(args)
+    payload["recommended"] = recommend(payload)
+    kb.write_json(args.out, payload)
+    print_summary(payload)
+    print(f"\nRECOMMENDED: {json.dumps(payload['recommended'])}")
+    kb.log(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

