@@ -49,9 +49,11 @@ run_agreement() {
     cat "$STASH"/part1 "$STASH"/part2 "$STASH"/part3 > /tmp/smollm2.gguf
     echo "$GGUF_SHA256  /tmp/smollm2.gguf" | sha256sum -c -
     PYTHONPATH="${PYTHONPATH:-}:/tmp/site-gguf" python3 scripts/h200/gguf_to_hf.py /tmp/smollm2.gguf /tmp/smollm2-hf --force
-    cp /tmp/smollm2-hf/conversion.json "${OUT:-/tmp}/smollm2_conversion.json"
+    out=${OUT:-/tmp/smollm2-agreement}  # $OUT: what a device call brings back
+    mkdir -p "$out"
+    cp /tmp/smollm2-hf/conversion.json "$out/smollm2_conversion.json"
     python3 bench/ab.py --sides scripts/h200/ab_smollm2_agreement.yaml --stop-grace 10 \
-        --report-dir "${OUT:-reports/h200}" --log-dir "${OUT:-/tmp}"
+        --report-dir "$out" --log-dir "$out"
 }
 
 [ "$#" -gt 0 ] || { echo "usage: $0 split | stash DIR [run] | run" >&2; exit 2; }
