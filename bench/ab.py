@@ -480,17 +480,18 @@ def check_server_env(
             continue
         if environ.get(OVERLAY_SELFTEST_MARKER) == "1":
             continue  # the overlay's kernel self-test (and its compiler children) run with it off on purpose
-        if environ_overwritten(environ, _cmdline(proc["pid"])):
+        cmdline = _cmdline(proc["pid"])
+        if environ_overwritten(environ, cmdline):
             earlier = (verified or {}).get(proc["pid"])
             if earlier is not None:
                 checked.append(dict(earlier, note="checked before setproctitle overwrote its environ"))
             else:  # it inherited its parent's environment; the parent is checked
-                unverifiable.append({"pid": proc["pid"], "comm": proc["comm"], "cmdline": _cmdline(proc["pid"])})
+                unverifiable.append({"pid": proc["pid"], "comm": proc["comm"], "cmdline": cmdline})
             continue
         entry = {
             "pid": proc["pid"],
             "comm": proc["comm"],
-            "cmdline": _cmdline(proc["pid"]),
+            "cmdline": cmdline,
             "observed": {key: environ.get(key) for key in shown_keys},
             "problems": env_problems(environ, expected, cache_dirs),
         }

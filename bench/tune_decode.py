@@ -99,26 +99,38 @@ def decode_variant_in_force(launch_configs, device, head_dim: int, variant: Opti
 
 
 def compiled_kernel_stats(jit_function) -> Dict[str, Dict[str, Any]]:
-    """Registers, spills and shared memory of every compiled variant of a Triton kernel."""
+    """Registers, spills and shared memory of every compiled variant of a Triton kernel.
+
+    Reads Triton internals (``device_caches``): informational only, so any surprise in their
+    shape gives an empty result rather than a failed sweep."""
     stats: Dict[str, Dict[str, Any]] = {}
-    for device_cache in getattr(jit_function, "device_caches", {}).values():
-        kernels = device_cache[0] if isinstance(device_cache, tuple) else {}
-        for key, kernel in kernels.items():
-            metadata = getattr(kernel, "metadata", None)
-            stats[str(key)] = {
-                "n_regs": getattr(kernel, "n_regs", None),
-                "n_spills": getattr(kernel, "n_spills", None),
-                "num_warps": getattr(metadata, "num_warps", None),
-                "shared_bytes": getattr(metadata, "shared", None),
-            }
+    try:
+        for device_cache in getattr(jit_function, "device_caches", {}).values():
+            kernels = device_cache[0] if isinstance(device_cache, tuple) else {}
+            for key, kernel in kernels.items():
+                metadata = getattr(kernel, "metadata", None)
+                stats[str(key)] = {
+                    "n_regs": getattr(kernel, "n_regs", None),
+                    "n_spills": getattr(kernel, "n_spills", None),
+                    "num_warps": getattr(metadata, "num_warps", None),
+                    "shared_bytes": getattr(metadata, "shared", None),
+                }
+    except Exception:
+        return {}
     return stats
 
 
-def _safe_kernel_stats(jit_function) -> Dict[str, Dict[str, Any]]:
-    try:  # Triton-internal attributes: informational, never worth failing the sweep for
-        return compiled_kernel_stats(jit_function)
-    except Exception:
-        return {}
+def bench_context(args: argparse.Namespace, smoke: bool) -> kb.Context:
+    """kernel_bench's context (quick config) with the cache block size this sweep uses."""
+    config = kb.make_config(
+        argparse.Namespace(smoke=smoke, quick=True, no_bs16=True, rep_ms=getattr(args, "rep_ms", None), warmup_ms=None)
+    )
+    block_size = args.block_size or (config.ours_block_size if smoke else SWEEP_BLOCK_SIZE)
+    config = dataclasses.replace(config, ours_block_size=block_size)
+    ctx = kb.Context(argparse.Namespace(smoke=smoke, seed=args.seed, time_budget_s=0), config)
+    if ctx.ours is None:
+        raise RuntimeError(f"our kernels failed to load: {ctx.ours_error}")
+    return ctx
 
 
 class DecodeCase:
@@ -163,7 +175,7 @@ def run_variant(case: DecodeCase, variant: Optional[DecodeVariant], launch_confi
 
     ctx = case.ctx
     record: Dict[str, Any] = {"variant": dataclasses.asdict(variant) if variant else "table", "status": "ok"}
-    before = set(_safe_kernel_stats(attention._decode_split_kernel))
+    before = set(compiled_kernel_stats(attention._decode_split_kernel))
     try:
         with decode_variant_in_force(launch_configs, ctx.device, case.geometry.head_dim, variant):
             case.prepare()
@@ -179,7 +191,7 @@ def run_variant(case: DecodeCase, variant: Optional[DecodeVariant], launch_confi
         record.update(kb.bandwidth_fields(ctx, stats.get("median_us"), case.bytes_read))
     except Exception as error:  # an invalid combination (e.g. out of shared memory) is a result too
         record.update(kb.error_record(error))
-    new = {k: v for k, v in _safe_kernel_stats(attention._decode_split_kernel).items() if k not in before}
+    new = {k: v for k, v in compiled_kernel_stats(attention._decode_split_kernel).items() if k not in before}
     if new:
         record["compiled"] = list(new.values())
     return record
@@ -188,11 +200,8 @@ def run_variant(case: DecodeCase, variant: Optional[DecodeVariant], launch_confi
 def sweep(args: argparse.Namespace) -> Dict[str, Any]:
     from govinda_patch.kernel_package import import_kernel
 
-    config = kb.make_config(argparse.Namespace(smoke=args.smoke, quick=True, no_bs16=True, rep_ms=args.rep_ms, warmup_ms=None))
-    config = dataclasses.replace(config, ours_block_size=args.block_size or (config.ours_block_size if args.smoke else SWEEP_BLOCK_SIZE))
-    ctx = kb.Context(argparse.Namespace(smoke=args.smoke, seed=args.seed, time_budget_s=0), config)
-    if ctx.ours is None:
-        raise RuntimeError(f"our kernels failed to load: {ctx.ours_error}")
+    ctx = bench_context(args, args.smoke)
+    config = ctx.config
     launch_configs = import_kernel("launch_configs")
     attention = import_kernel("int8_paged_attention")
     payload: Dict[str, Any] = {
@@ -258,9 +267,8 @@ def profile(args: argparse.Namespace) -> None:
 
     block_n, warps, prefetch, pps = parse_ints(args.profile_config)
     variant = DecodeVariant(block_n, warps, bool(prefetch), pps)
-    config = kb.make_config(argparse.Namespace(smoke=False, quick=True, no_bs16=True, rep_ms=None, warmup_ms=None))
-    config = dataclasses.replace(config, ours_block_size=args.block_size or SWEEP_BLOCK_SIZE)
-    ctx = kb.Context(argparse.Namespace(smoke=False, seed=args.seed, time_budget_s=0), config)
+    ctx = bench_context(args, smoke=False)
+    config = ctx.config
     launch_configs = import_kernel("launch_configs")
     for index, (batch, context) in enumerate(parse_cases(args.cases)):
         case = DecodeCase(ctx, batch, context, salt=500 + index)
