@@ -949,14 +949,16 @@ def render_greedy_markdown(result: Dict[str, Any]) -> str:
         f"request at a time, {bench.get('repeats', 1)} pass(es) per side",
         f"- baseline side: **{result['baseline']}**; identical = the same generated token ids (characters when "
         "the server returns no ids); a failed request counts as a difference; self-agreement = later passes "
-        "identical to a side's first pass (the noise floor)",
+        "identical to a side's first pass (the noise floor); near tie = the baseline's top two candidates within "
+        f"{greedy_agreement.NEAR_TIE_NATS} nats where the continuations part",
         "",
         *_sides_lines(result),
         "",
         "## Agreement with the baseline",
         "",
-        "| side | identical | fraction | mean common prefix | baseline mean length | failed | self-agreement | valid |",
-        "|---|---|---|---|---|---|---|---|",
+        "| side | identical | fraction | mean common prefix | baseline mean length | failed | "
+        "divergences at a near tie | self-agreement | valid |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     base_bench = base.get("bench") or {}
     if "completions" in base_bench:
@@ -964,21 +966,52 @@ def render_greedy_markdown(result: Dict[str, Any]) -> str:
         mean_length = f"{sum(lengths) / len(lengths):.1f} tokens" if lengths else "n/a"
         failed = sum(1 for r in base_bench["completions"] if r["error"])
         lines.append(
-            f"| {result['baseline']} (baseline) | - | - | - | {mean_length} | {failed} | "
+            f"| {result['baseline']} (baseline) | - | - | - | {mean_length} | {failed} | - | "
             f"{greedy_agreement.self_agreement_text(base_bench.get('self_agreement'))} | - |"
         )
     for row in result["agreement"]:
         valid = "yes" if row["valid"] else "NO (see Sides)"
         if row.get("error"):
-            lines.append(f"| {row['side']} | {row['error']} | - | - | - | - | - | {valid} |")
+            lines.append(f"| {row['side']} | {row['error']} | - | - | - | - | - | - | {valid} |")
             continue
         unit = row["prefix_unit"]
         side_bench = next(s for s in result["sides"] if s["name"] == row["side"])["bench"]
         lines.append(
             f"| {row['side']} | {row['identical']}/{row['prompts']} | {row['fraction']:.1%} | "
             f"{_fmt(row['mean_common_prefix'])} {unit} | {_fmt(row['mean_baseline_length'])} {unit} | "
-            f"{row['failed']} | {greedy_agreement.self_agreement_text(side_bench.get('self_agreement'))} | {valid} |"
+            f"{row['failed']} | {row.get('near_tie_divergences', 0)}/{row['prompts'] - row['identical'] - row['failed']} | "
+            f"{greedy_agreement.self_agreement_text(side_bench.get('self_agreement'))} | {valid} |"
         )
+    scored = [row for row in result["agreement"] if not row.get("error") and row.get("teacher_forced")]
+    if scored:
+        first = next((s["bench"]["teacher_forced"] for s in result["sides"] if (s.get("bench") or {}).get("teacher_forced")), [])
+        lines += [
+            "",
+            "## Teacher-forced scoring of fixed texts",
+            "",
+            f"{len(first)} texts ({', '.join(sorted({t['source'] for t in first}))}; "
+            f"{bench.get('teacher_forced_chars', greedy_agreement.GreedyConfig.teacher_forced_chars)} characters each, "
+            "from CPython's standard library) scored with prompt_logprobs=2; per position the top-1 token of each side "
+            "and the logprob of the true next token. Confident = the baseline's top candidate leads by >= "
+            f"{greedy_agreement.CONFIDENT_PROBABILITY_GAP} probability. Flip margin = the baseline's top-2 logprob gap "
+            "where the sides' top-1 differ.",
+            "",
+            "| side | positions | top-1 agreement | confident: agreement (positions) | perplexity ratio - 1 | "
+            "mean abs delta logprob (true token) | flips | flip margin median / max (nats) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for row in scored:
+            tf = row["teacher_forced"]
+            if tf.get("error"):
+                lines.append(f"| {row['side']} | {tf['error']} | - | - | - | - | - | - |")
+                continue
+            confident = tf["confident_top1_agreement"]
+            lines.append(
+                f"| {row['side']} | {tf['positions']} | {tf['top1_agreement']:.2%} | "
+                f"{'n/a' if confident is None else f'{confident:.2%}'} ({tf['confident_positions']}) | "
+                f"{tf['perplexity_ratio_minus_1']:+.3%} | {tf['mean_abs_true_logprob_delta']:.4f} | {tf['flips']} | "
+                f"{_fmt(tf['flip_baseline_margin_median'], 3)} / {_fmt(tf['flip_baseline_margin_max'], 3)} |"
+            )
     for row in result["agreement"]:
         if row.get("error"):
             continue

@@ -27,6 +27,17 @@ real serving). The request also asks for:
 Without ids (a server that ignores both options) texts are compared character by character and
 the report says so.
 
+Teacher-forced scoring (``teacher_forced_texts > 0``, ``--teacher-forced-texts N``): greedy
+continuations of a small model part at the first near tie, so "identical continuations" is a coarse
+measure. Each side therefore also scores the same fixed texts (slices of the prose and code that
+every CPython install carries, ``bench/accuracy/text_corpus.py``) with ``max_tokens: 1`` and
+``prompt_logprobs: 2``: per position the logprob of the true next token and the top two
+candidates. vLLM reads no prefix cache for such requests and the prompt's K/V go through the KV
+cache (for the overlay: INT8, read back by the prefill kernel), so this is the CPU accuracy
+study's teacher-forced protocol on the served stack: top-1 agreement (all positions, and those
+where the baseline's top candidate leads by >= 0.1 probability), perplexity ratio and KL-free
+logprob deltas.
+
 The default prompt set (``DEFAULT_PROMPTS``) is 24 short English prompts chosen so that a small
 instruct model (SmolLM2-135M-Instruct) writes on rather than stopping at once: facts, stories,
 lists, a letter, code, SQL, instructions phrased as plain text.
@@ -35,7 +46,9 @@ lists, a letter, code, SQL, instructions phrased as plain text.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import math
 import sys
 import time
 import urllib.error
@@ -94,6 +107,8 @@ class GreedyConfig:
     max_tokens: int = 64
     top_logprobs: int = 2  # candidates per token for the divergence margin; 0: none requested
     repeats: int = 1  # > 1: send the whole set again, to see whether a side agrees with itself
+    teacher_forced_texts: int = 0  # > 0: also score this many fixed texts (see the module docstring)
+    teacher_forced_chars: int = 6000  # characters per scored text (~1.5K SmolLM2 tokens)
     request_timeout_s: float = 300.0
     extra_body: Dict[str, Any] = field(default_factory=dict)
     label: Optional[str] = None
@@ -107,6 +122,8 @@ class GreedyConfig:
             raise ValueError("no prompts")
         if self.max_tokens < 1 or self.repeats < 1 or self.top_logprobs < 0:
             raise ValueError("max_tokens and repeats must be >= 1, top_logprobs >= 0")
+        if self.teacher_forced_texts < 0 or self.teacher_forced_chars < 100:
+            raise ValueError("teacher_forced_texts must be >= 0 and teacher_forced_chars >= 100")
 
 
 # ----------------------------------------------------------------------------- client
@@ -208,6 +225,19 @@ def run(config: GreedyConfig) -> Dict[str, Any]:
                 state = f"FAILED {record['error'][:200]}" if record["error"] else f"{n} tokens ({record['finish_reason']})"
                 log(f"pass {repeat + 1}/{config.repeats} prompt {index + 1}/{len(prompts)}: {state}")
         passes.append(records)
+    scored: List[Dict[str, Any]] = []
+    texts_error = ""
+    try:
+        texts = teacher_forced_texts(config.teacher_forced_texts, config.teacher_forced_chars)
+    except Exception as exc:  # e.g. an interpreter without pydoc_data: keep the greedy results
+        texts, texts_error = [], f"{type(exc).__name__}: {exc}"
+        log(f"teacher-forced scoring skipped: {texts_error}")
+    for index, text in enumerate(texts):
+        record = score_text(config, model, index, text)
+        scored.append(record)
+        if config.progress:
+            state = f"FAILED {record['error'][:200]}" if record["error"] else f"{len(record['top1_ids'])} positions"
+            log(f"teacher-forced text {index + 1}/{config.teacher_forced_texts} ({text['source']}): {state}")
     result: Dict[str, Any] = {
         "schema": SCHEMA,
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
@@ -218,12 +248,138 @@ def run(config: GreedyConfig) -> Dict[str, Any]:
         "config": asdict(config),
         "completions": passes[0],
         "repeat_completions": passes[1:],
+        "teacher_forced": scored,
+        "teacher_forced_error": texts_error,
     }
     if len(passes) > 1:  # the noise floor: does the side agree with itself?
         result["self_agreement"] = [
             _summary_counts(compare_completions(passes[0], later)) for later in passes[1:]
         ]
     return result
+
+
+# ----------------------------------------------------------------------------- teacher-forced scoring
+
+# A baseline top candidate that leads its runner-up by at least this much probability is
+# "confident" (the CPU accuracy study's definition): a flip there is not rounding.
+CONFIDENT_PROBABILITY_GAP = 0.1
+# A greedy divergence where the baseline's top two candidates are closer than this (nats) is a
+# near tie: bf16 logits of a small model tie exactly or within one rounding step (0.125 at |logit|
+# ~ 16-32) often, and any change of summation order may flip them.
+NEAR_TIE_NATS = 0.5
+
+
+def _text_corpus():
+    try:
+        from bench.accuracy import text_corpus
+    except ImportError:  # run as a script: bench/ is on sys.path, the repo root may not be
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from bench.accuracy import text_corpus
+    return text_corpus
+
+
+def teacher_forced_texts(count: int, chars: int) -> List[Dict[str, str]]:
+    """``count`` slices of ``chars`` characters, alternating prose and code, evenly spaced in each.
+
+    The text is what this interpreter's standard library ships, so both sides of an A/B on one
+    machine score the same text; each slice's sha256 lets the comparison check that.
+    """
+    sources = list(_text_corpus().sources().values())
+    texts = []
+    for index in range(count):
+        kind = index % len(sources)
+        source = sources[kind]
+        slot, slots = index // len(sources), len(range(kind, count, len(sources)))
+        start = max(len(source.text) - chars, 0) * slot // (slots - 1) if slots > 1 else 0
+        text = source.text[start:start + chars]
+        texts.append({"source": source.name, "start": start, "text": text,
+                      "sha256": hashlib.sha256(text.encode()).hexdigest()[:16]})
+    return texts
+
+
+def parse_prompt_logprobs(choice: Dict[str, Any]) -> Dict[str, Any]:
+    """Per scored position (the prompt's second token on): true token's logprob and the top two.
+
+    vLLM returns ``prompt_logprobs`` as one entry per prompt token (``None`` for the first), each
+    ``{"<token id>": {"logprob": x, "rank": r, ...}}`` holding the top ``k`` and the true token.
+    """
+    ids = choice.get("prompt_token_ids")
+    entries = choice.get("prompt_logprobs")
+    if ids is None or entries is None:
+        raise RuntimeError("the server returned no prompt_token_ids / prompt_logprobs")
+    if len(ids) != len(entries):
+        raise RuntimeError(f"{len(ids)} prompt ids but {len(entries)} prompt_logprobs entries")
+    true_logprobs, top1_ids, top1_logprobs, top2_logprobs = [], [], [], []
+    for token_id, entry in zip(ids[1:], entries[1:]):
+        ranked = sorted(((v["rank"], int(k), v["logprob"]) for k, v in (entry or {}).items()))
+        if str(token_id) not in (entry or {}) or len(ranked) < 2:
+            raise RuntimeError(f"prompt_logprobs entry without the true token or two candidates: {entry}")
+        true_logprobs.append(round(entry[str(token_id)]["logprob"], 5))
+        top1_ids.append(ranked[0][1])
+        top1_logprobs.append(round(ranked[0][2], 5))
+        top2_logprobs.append(round(ranked[1][2], 5))
+    return {"token_ids": [int(t) for t in ids], "true_logprobs": true_logprobs, "top1_ids": top1_ids,
+            "top1_logprobs": top1_logprobs, "top2_logprobs": top2_logprobs}
+
+
+def score_text(config: GreedyConfig, model: str, index: int, text: Dict[str, str]) -> Dict[str, Any]:
+    body = {"model": model, "prompt": text["text"], "max_tokens": 1, "temperature": 0.0,
+            "prompt_logprobs": 2, "return_token_ids": True}
+    record: Dict[str, Any] = {"index": index, "source": text["source"], "start": text["start"],
+                              "sha256": text["sha256"], "error": ""}
+    try:
+        payload = _http_json(config.base_url.rstrip("/") + config.endpoint, body, config.request_timeout_s)
+        record.update(parse_prompt_logprobs((payload.get("choices") or [{}])[0]))
+    except Exception as exc:  # a failed text is reported, never silently dropped
+        record["error"] = f"{type(exc).__name__}: {exc}"
+    return record
+
+
+def compare_teacher_forced(baseline: List[Dict[str, Any]], other: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Position-by-position agreement of two sides' scores of the same texts."""
+    if [r["sha256"] for r in baseline] != [r["sha256"] for r in other]:
+        return {"error": "the two sides scored different texts"}
+    positions = agree = confident = confident_agree = 0
+    nll_baseline = nll_side = abs_delta = 0.0
+    flip_margins: List[float] = []
+    failed, mismatched = [], []
+    for a, b in zip(baseline, other):
+        if a["error"] or b["error"]:
+            failed.append(a["index"])
+            continue
+        if a["token_ids"] != b["token_ids"]:  # same text, different tokenizer: not comparable
+            mismatched.append(a["index"])
+            continue
+        for i, (id_a, id_b) in enumerate(zip(a["top1_ids"], b["top1_ids"])):
+            positions += 1
+            agree += id_a == id_b
+            gap = math.exp(a["top1_logprobs"][i]) - math.exp(a["top2_logprobs"][i])
+            if gap >= CONFIDENT_PROBABILITY_GAP:
+                confident += 1
+                confident_agree += id_a == id_b
+            if id_a != id_b:
+                flip_margins.append(a["top1_logprobs"][i] - a["top2_logprobs"][i])
+            nll_baseline -= a["true_logprobs"][i]
+            nll_side -= b["true_logprobs"][i]
+            abs_delta += abs(a["true_logprobs"][i] - b["true_logprobs"][i])
+    if not positions:
+        return {"error": "no comparable positions", "failed_indices": failed, "mismatched_indices": mismatched}
+    flip_margins.sort()
+    return {
+        "texts": len(baseline),
+        "failed_indices": failed,
+        "mismatched_indices": mismatched,
+        "positions": positions,
+        "top1_agreement": agree / positions,
+        "confident_positions": confident,
+        "confident_top1_agreement": confident_agree / confident if confident else None,
+        "baseline_perplexity": math.exp(nll_baseline / positions),
+        "perplexity_ratio_minus_1": math.exp((nll_side - nll_baseline) / positions) - 1.0,
+        "mean_abs_true_logprob_delta": abs_delta / positions,
+        "flips": len(flip_margins),
+        "flip_baseline_margin_median": flip_margins[len(flip_margins) // 2] if flip_margins else None,
+        "flip_baseline_margin_max": flip_margins[-1] if flip_margins else None,
+    }
 
 
 # ----------------------------------------------------------------------------- comparison
@@ -306,6 +462,10 @@ def compare_completions(baseline: List[Dict[str, Any]], other: List[Dict[str, An
         "prefix_unit": unit,
         "mean_common_prefix": sum(prefixes) / len(prefixes) if prefixes else None,
         "mean_baseline_length": sum(baseline_lengths) / len(baseline_lengths) if baseline_lengths else None,
+        # Divergences where the baseline's top two candidates were within NEAR_TIE_NATS.
+        "near_tie_divergences": sum(
+            1 for d in divergences if d["baseline_margin"] is not None and d["baseline_margin"] < NEAR_TIE_NATS
+        ),
         "divergences": divergences,
     }
 
@@ -318,6 +478,8 @@ def _summary_counts(comparison: Dict[str, Any]) -> Dict[str, Any]:
 def compare(baseline: Dict[str, Any], other: Dict[str, Any]) -> Dict[str, Any]:
     """Compare two results of ``run`` (first pass of each); the first is the baseline."""
     comparison = compare_completions(baseline["completions"], other["completions"])
+    if baseline.get("teacher_forced") and other.get("teacher_forced"):
+        comparison["teacher_forced"] = compare_teacher_forced(baseline["teacher_forced"], other["teacher_forced"])
     return {
         "schema": COMPARISON_SCHEMA,
         "baseline": baseline.get("label") or "baseline",
@@ -352,11 +514,31 @@ def self_agreement_text(summaries: Optional[List[Dict[str, Any]]]) -> str:
 def summary_line(comparison: Dict[str, Any]) -> str:
     if comparison.get("error"):
         return f"not comparable: {comparison['error']}"
+    differing = comparison["prompts"] - comparison["identical"] - comparison["failed"]
     return (
         f"{comparison['identical']}/{comparison['prompts']} identical ({comparison['fraction']:.1%}), "
         f"mean common prefix {_fmt(comparison['mean_common_prefix'])} {comparison['prefix_unit']} "
         f"(baseline continuations average {_fmt(comparison['mean_baseline_length'])}), "
-        f"{comparison['failed']} failed"
+        f"{comparison['failed']} failed; {comparison.get('near_tie_divergences', 0)}/{differing} divergences at a "
+        f"near tie (baseline top-2 within {NEAR_TIE_NATS} nats)"
+    )
+
+
+def teacher_forced_line(scores: Optional[Dict[str, Any]]) -> str:
+    if not scores:
+        return "not measured"
+    if scores.get("error"):
+        return f"not comparable: {scores['error']}"
+    confident = scores["confident_top1_agreement"]
+    return (
+        f"top-1 agreement {scores['top1_agreement']:.2%} over {scores['positions']} positions "
+        f"({'n/a' if confident is None else f'{confident:.2%}'} over the {scores['confident_positions']} confident ones), "
+        f"perplexity ratio - 1 {scores['perplexity_ratio_minus_1']:+.3%}, "
+        f"mean |delta logprob| of the true token {scores['mean_abs_true_logprob_delta']:.4f} nats, "
+        f"{scores['flips']} flips (baseline margin median {_fmt(scores['flip_baseline_margin_median'], 3)}, "
+        f"max {_fmt(scores['flip_baseline_margin_max'], 3)} nats)"
+        + (f", texts failed {scores['failed_indices']}" if scores["failed_indices"] else "")
+        + (f", texts tokenized differently {scores['mismatched_indices']}" if scores["mismatched_indices"] else "")
     )
 
 
@@ -391,6 +573,7 @@ def comparison_markdown(comparison: Dict[str, Any]) -> str:
         f"- max_tokens {comparison.get('max_tokens')}, temperature 0, one request at a time",
         f"- self-agreement over repeats: {baseline}: {self_agreement_text(comparison.get('baseline_self_agreement'))}; "
         f"{side}: {self_agreement_text(comparison.get('side_self_agreement'))}",
+        f"- teacher-forced scoring of fixed texts: {teacher_forced_line(comparison.get('teacher_forced'))}",
         "",
     ]
     if not comparison.get("error"):
@@ -422,6 +605,9 @@ def _collect_main(argv: List[str]) -> int:
     p.add_argument("--prompts-file", help="JSON list of strings or one prompt per line (default: the built-in set)")
     p.add_argument("--repeats", type=int, default=d.repeats, help="send the set this many times (self-agreement)")
     p.add_argument("--top-logprobs", type=int, default=d.top_logprobs)
+    p.add_argument("--teacher-forced-texts", type=int, default=d.teacher_forced_texts,
+                   help="also score this many fixed texts with prompt_logprobs (0: off)")
+    p.add_argument("--teacher-forced-chars", type=int, default=d.teacher_forced_chars)
     p.add_argument("--label", default=None, help="name of this side in reports (compare: default the file name)")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
@@ -429,11 +615,13 @@ def _collect_main(argv: List[str]) -> int:
         base_url=args.url, model=args.model, max_tokens=args.max_tokens, repeats=args.repeats,
         prompts=load_prompts(args.prompts_file) if args.prompts_file else None,
         top_logprobs=args.top_logprobs, label=args.label, progress=not args.quiet,
+        teacher_forced_texts=args.teacher_forced_texts, teacher_forced_chars=args.teacher_forced_chars,
     )
     result = run(config)
     Path(args.out).write_text(json.dumps(result, indent=1), encoding="utf-8")
-    failed = sum(1 for r in result["completions"] if r["error"])
-    log(f"wrote {args.out}: {len(result['completions'])} prompts, {failed} failed")
+    failed = sum(1 for r in result["completions"] + result["teacher_forced"] if r["error"])
+    log(f"wrote {args.out}: {len(result['completions'])} prompts, {len(result['teacher_forced'])} scored texts, "
+        f"{failed} failed")
     return 0 if failed == 0 else 1
 
 

@@ -18,6 +18,12 @@ changes every token from POS on for prompts containing SUB (the two candidates t
 tie, margin 0.02; elsewhere the margin is 2.0), ``--greedy-stop SUB=LEN`` ends those prompts with
 EOS after LEN tokens (``finish_reason: stop``).
 
+``prompt_logprobs: k`` (teacher-forced scoring) is answered in vLLM's shape: ``prompt_token_ids``
+(one id per whitespace-separated word, ``prompt_token_id``) and one ``{"<id>": {"logprob", "rank",
+"decoded_token"}}`` entry per prompt token after the first, holding the top two candidates and the
+true token. The true token is the top candidate, except at every Nth position when
+``--flip-prompt-every N`` is set (see ``prompt_candidates``).
+
 Unless GOVINDA_DISABLE=1 it imitates the overlay at start-up: prints ``govinda: fake overlay
 active`` (for log counting) and writes ``$GOVINDA_CACHE_DIR/counters/<pid>.json``.
 """
@@ -38,6 +44,23 @@ ENV_PREFIXES = ("GOVINDA_",)
 ENV_KEYS = ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "PYTHONPATH")
 GREEDY_VOCAB_FLOOR, GREEDY_VOCAB_SPAN = 100, 5000
 NEAR_TIE_MARGIN, CLEAR_MARGIN = 0.02, 2.0
+TRUE_TOKEN_LOGPROB, FLIPPED_TRUE_TOKEN_LOGPROB = -0.5, -0.9
+
+
+def prompt_token_id(word: str) -> int:
+    return GREEDY_VOCAB_FLOOR + zlib.crc32(word.encode()) % GREEDY_VOCAB_SPAN
+
+
+def prompt_candidates(true_id: int, position: int, flip_every):
+    """[(id, logprob), ...] best first for a scored prompt position (1-based).
+
+    Normally the true token leads clearly; at every ``flip_every``-th position another token
+    leads by a near tie and the true token is second with a lower logprob.
+    """
+    other = GREEDY_VOCAB_FLOOR + (true_id - GREEDY_VOCAB_FLOOR + 1) % GREEDY_VOCAB_SPAN
+    if flip_every and position % flip_every == 0:
+        return [(other, FLIPPED_TRUE_TOKEN_LOGPROB + NEAR_TIE_MARGIN), (true_id, FLIPPED_TRUE_TOKEN_LOGPROB)]
+    return [(true_id, TRUE_TOKEN_LOGPROB), (other, TRUE_TOKEN_LOGPROB - CLEAR_MARGIN)]
 
 
 def _substring_rules(items):
@@ -164,7 +187,8 @@ def build_app(args: argparse.Namespace) -> web.Application:
                 "number": number,
                 "prompt": prompt,
                 **{key: body.get(key) for key in ("max_tokens", "temperature", "logprobs", "return_token_ids",
-                                                  "return_tokens_as_token_ids", "stream", "ignore_eos")},
+                                                  "return_tokens_as_token_ids", "stream", "ignore_eos",
+                                                  "prompt_logprobs")},
             }
         )
         if args.fail_every and number % args.fail_every == 0:
@@ -175,6 +199,17 @@ def build_app(args: argparse.Namespace) -> web.Application:
         choice = {"index": 0, "text": "".join(f" w{i}" for i in ids), "finish_reason": finish}
         if body.get("return_token_ids") and not args.no_token_ids:
             choice["token_ids"] = ids
+        if body.get("prompt_logprobs"):
+            prompt_ids = [prompt_token_id(word) for word in prompt.split()]
+            if body.get("return_token_ids"):
+                choice["prompt_token_ids"] = prompt_ids
+            entries = [None]
+            for position, true_id in enumerate(prompt_ids[1:], start=1):
+                ranked = prompt_candidates(true_id, position, args.flip_prompt_every)
+                entry = {str(tid): {"logprob": lp, "rank": rank, "decoded_token": f" w{tid}"}
+                         for rank, (tid, lp) in enumerate(ranked, start=1)}
+                entries.append(entry)
+            choice["prompt_logprobs"] = entries
         if body.get("logprobs"):
             as_ids = bool(body.get("return_tokens_as_token_ids"))
 
@@ -228,6 +263,8 @@ def main(argv=None) -> None:
     p.add_argument("--greedy-stop", action="append", metavar="SUB=LEN",
                    help="text prompts containing SUB: EOS after LEN tokens")
     p.add_argument("--no-token-ids", action="store_true", help="ignore return_token_ids (ids only via logprobs)")
+    p.add_argument("--flip-prompt-every", type=int, default=0, metavar="N",
+                   help="prompt_logprobs: another token leads at every Nth position")
     args, unknown = p.parse_known_args(argv)
     words = list(args.words)
     if words and words[0] == "serve":

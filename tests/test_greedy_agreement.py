@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -14,7 +15,13 @@ if str(REPO_ROOT) not in sys.path:  # also runs without PYTHONPATH=<repo>
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench import ab, greedy_agreement  # noqa: E402
-from fake_openai_server import CLEAR_MARGIN, NEAR_TIE_MARGIN, greedy_continuation  # noqa: E402
+from fake_openai_server import (  # noqa: E402
+    CLEAR_MARGIN,
+    FLIPPED_TRUE_TOKEN_LOGPROB,
+    NEAR_TIE_MARGIN,
+    TRUE_TOKEN_LOGPROB,
+    greedy_continuation,
+)
 from test_serve_bench import (  # noqa: E402,F401 (fake_server_factory is a fixture)
     FAKE_SERVER,
     PYTHON,
@@ -203,6 +210,61 @@ def test_compare_cli_writes_json_and_markdown(tmp_path, capsys):
     assert "| 1 | p1 | 2 | n/a | n/a |  w5 w6‖ w7 w8 |  w5 w6‖ w9 w9 |" in md
 
 
+# ----------------------------------------------------------------------------- teacher-forced scoring
+
+
+def test_parse_prompt_logprobs_in_vllm_shape():
+    # As vLLM's completions endpoint returns it: None for the first prompt token, then the top-k
+    # (here 2) plus the true token when it ranks lower (rank 7 at the second position).
+    choice = {
+        "prompt_token_ids": [5, 9, 3],
+        "prompt_logprobs": [
+            None,
+            {"9": {"logprob": -0.2, "rank": 1, "decoded_token": "a"}, "4": {"logprob": -2.0, "rank": 2}},
+            {"6": {"logprob": -1.5, "rank": 2}, "3": {"logprob": -4.0, "rank": 7}, "8": {"logprob": -0.3, "rank": 1}},
+        ],
+    }
+    parsed = greedy_agreement.parse_prompt_logprobs(choice)
+    assert parsed == {"token_ids": [5, 9, 3], "true_logprobs": [-0.2, -4.0], "top1_ids": [9, 8],
+                      "top1_logprobs": [-0.2, -0.3], "top2_logprobs": [-2.0, -1.5]}
+    with pytest.raises(RuntimeError, match="no prompt_token_ids"):
+        greedy_agreement.parse_prompt_logprobs({"prompt_logprobs": choice["prompt_logprobs"]})
+    without_true = dict(choice, prompt_logprobs=[None, choice["prompt_logprobs"][1], {"8": {"logprob": -0.3, "rank": 1},
+                                                                                     "6": {"logprob": -1.5, "rank": 2}}])
+    with pytest.raises(RuntimeError, match="without the true token"):
+        greedy_agreement.parse_prompt_logprobs(without_true)
+
+
+def test_teacher_forced_texts_alternate_sources_and_are_stable():
+    texts = greedy_agreement.teacher_forced_texts(5, 500)
+    assert [t["source"] for t in texts] == ["prose", "code", "prose", "code", "prose"]
+    assert all(len(t["text"]) == 500 for t in texts)
+    assert len({t["sha256"] for t in texts}) == 5
+    assert texts == greedy_agreement.teacher_forced_texts(5, 500)
+    sources = {s.name: s.text for s in greedy_agreement._text_corpus().sources().values()}
+    for t in texts:
+        assert sources[t["source"]][t["start"]:t["start"] + 500] == t["text"]
+    # Evenly spaced: each source's slices start at its beginning and end at its end.
+    assert texts[0]["start"] == 0 and texts[4]["start"] == len(sources["prose"]) - 500
+    assert texts[3]["start"] == len(sources["code"]) - 500
+
+
+def test_compare_teacher_forced_refuses_different_texts_and_tokenizations():
+    def scored(index, sha, ids, top1, error=""):
+        n = len(ids) - 1
+        return {"index": index, "sha256": sha, "error": error, "token_ids": ids, "true_logprobs": [-1.0] * n,
+                "top1_ids": top1, "top1_logprobs": [-0.1] * n, "top2_logprobs": [-3.0] * n}
+
+    base = [scored(0, "a", [1, 2, 3], [2, 3]), scored(1, "b", [4, 5], [5])]
+    assert "different texts" in greedy_agreement.compare_teacher_forced(base, [scored(0, "x", [1, 2, 3], [2, 3])] + base[1:])["error"]
+    other = [scored(0, "a", [1, 2, 3], [2, 9]), scored(1, "b", [4, 6], [6])]  # text 1 tokenized differently
+    c = greedy_agreement.compare_teacher_forced(base, other)
+    assert c["mismatched_indices"] == [1] and c["positions"] == 2 and c["flips"] == 1
+    assert c["top1_agreement"] == pytest.approx(0.5) and c["perplexity_ratio_minus_1"] == pytest.approx(0.0)
+    failed = greedy_agreement.compare_teacher_forced(base, [scored(0, "a", [], [], error="HTTP 500"), other[1]])
+    assert failed["error"] == "no comparable positions" and failed["failed_indices"] == [0]
+
+
 # ----------------------------------------------------------------------------- ab.py
 
 
@@ -214,12 +276,14 @@ def test_ab_greedy_workload_two_sides_and_report(tmp_path):
         "server_command": launcher,
         "health_timeout_s": 30,
         "stop_grace_s": 5,
-        "bench": {"workload": "greedy", "prompts": PROMPTS, "max_tokens": 8, "repeats": 2},
+        "bench": {"workload": "greedy", "prompts": PROMPTS, "max_tokens": 8, "repeats": 2,
+                  "teacher_forced_texts": 3, "teacher_forced_chars": 400},
         "sides": [
             {"name": "off", "env": {"GOVINDA_DISABLE": "1"}},
-            # The "overlay" side: the moon prompt flips at token 3 (a near tie), France stops after 2.
+            # The "overlay" side: the moon prompt flips at token 3 (a near tie), France stops after 2,
+            # and in teacher-forced scoring another token leads at every 5th position.
             {"name": "on", "env": {"GOVINDA_DISABLE": "0"},
-             "server_args": ["--greedy-diverge", "moon=3", "--greedy-stop", "France=2"],
+             "server_args": ["--greedy-diverge", "moon=3", "--greedy-stop", "France=2", "--flip-prompt-every", "5"],
              "log_patterns": {"overlay": {"regex": "govinda:", "min": 1}}},
         ],
     })
@@ -254,8 +318,31 @@ def test_ab_greedy_workload_two_sides_and_report(tmp_path):
     md = md_path.read_text()
     assert "# A/B greedy agreement: greedy" in md and "| off | ok |" in md and "| on | ok |" in md
     assert "6 prompts (custom)" in md and "max_tokens 8" in md
-    assert "| on | 4/6 | 66.7% | 6.2 tokens | 8.0 tokens | 0 | 6/6 | yes |" in md
-    assert "| off (baseline) | - | - | - | 8.0 tokens | 0 | 6/6 | - |" in md
+    # Both divergences are clear for the baseline (the fake's near tie is on the side's token).
+    assert row["near_tie_divergences"] == 0
+    assert "| on | 4/6 | 66.7% | 6.2 tokens | 8.0 tokens | 0 | 0/2 | 6/6 | yes |" in md
+    assert "| off (baseline) | - | - | - | 8.0 tokens | 0 | - | 6/6 | - |" in md
+
+    # Teacher-forced scoring: the fake tokenizes by words; expected figures from its rule.
+    texts = greedy_agreement.teacher_forced_texts(3, 400)
+    scored = [len(t["text"].split()) - 1 for t in texts]
+    flips = sum(n // 5 for n in scored)
+    positions = sum(scored)
+    assert flips > 0
+    for side in (off, on):
+        assert [t["sha256"] for t in side["bench"]["teacher_forced"]] == [t["sha256"] for t in texts]
+        assert [len(t["top1_ids"]) for t in side["bench"]["teacher_forced"]] == scored
+    tf = row["teacher_forced"]
+    assert tf["positions"] == positions and tf["flips"] == flips
+    assert tf["top1_agreement"] == pytest.approx(1 - flips / positions)
+    assert tf["confident_positions"] == positions  # the baseline leads clearly everywhere
+    assert tf["confident_top1_agreement"] == pytest.approx(1 - flips / positions)
+    shift = FLIPPED_TRUE_TOKEN_LOGPROB - TRUE_TOKEN_LOGPROB
+    assert tf["perplexity_ratio_minus_1"] == pytest.approx(math.exp(-shift * flips / positions) - 1)
+    assert tf["mean_abs_true_logprob_delta"] == pytest.approx(abs(shift) * flips / positions)
+    assert tf["flip_baseline_margin_median"] == pytest.approx(CLEAR_MARGIN)
+    assert "## Teacher-forced scoring of fixed texts" in md
+    assert f"| on | {positions} | {1 - flips / positions:.2%} |" in md
     assert "### on: differing prompts" in md and "2 (one side ended)" in md
     assert not (tmp_path / "reports" / "greedy.png").exists()
 
@@ -312,8 +399,12 @@ def test_smollm2_sides_file(tmp_path):
     assert config.server_command == ["scripts/start_vllm_dev.sh"]
     assert config.env == {"GOVINDA_VLLM_CMD": "python3 -m vllm.entrypoints.cli.main"}
     assert config.server_args == ["--served-model-name", "m", "--max-model-len", "8192"]
-    assert [s.name for s in config.sides] == ["overlay_off", "overlay_on"] and config.baseline_name() == "overlay_off"
-    assert [s.env for s in config.sides] == [{"GOVINDA_DISABLE": "1"}, {"GOVINDA_DISABLE": "0"}]
+    assert config.bench["teacher_forced_texts"] > 0
+    assert [s.name for s in config.sides] == ["overlay_off", "overlay_on", "triton_bf16", "upstream_int8"]
+    assert config.baseline_name() == "overlay_off"
+    assert [s.env for s in config.sides] == [{"GOVINDA_DISABLE": "1"}, {"GOVINDA_DISABLE": "0"}] + [{"GOVINDA_DISABLE": "1"}] * 2
+    assert config.sides[2].server_args == ["--attention-backend", "TRITON_ATTN"]
+    assert config.sides[3].server_args == ["--attention-backend", "TRITON_ATTN", "--kv-cache-dtype", "int8_per_token_head"]
     on = {p.name: p for p in config.sides[1].log_patterns}
     assert on["govinda_status"].min == 2 and on["govinda_dispatch"].min == 1
     off = {p.name: p for p in config.sides[0].log_patterns}

