@@ -63,12 +63,13 @@ class GovindaInt8MetadataBuilder(AttentionMetadataBuilder[GovindaInt8Metadata]):
         from .patches.int8_kv_cache_spec import check_hybrid_pages
 
         check_hybrid_pages(vllm_config, kv_cache_spec, exact=True)
+        mamba_page = vllm_config.cache_config.mamba_page_size_padded
         logger.info(
-            "INT8 KV cache for %d layers: block_size=%d tokens, page=%d B, mamba page padded to %s B",
+            "INT8 KV cache for %d layers: block_size=%d tokens, page=%d B%s",
             len(layer_names),
             kv_cache_spec.block_size,
             kv_cache_spec.page_size_bytes,
-            vllm_config.cache_config.mamba_page_size_padded,
+            "" if mamba_page is None else f", mamba page padded to {mamba_page} B",  # hybrid models only
         )
         # Decodes first: the kernel entry point needs them as a leading block of the batch.
         self._init_reorder_batch_threshold(1)

@@ -417,3 +417,18 @@ def test_smollm2_sides_file(tmp_path):
     argv = dump["argv"]
     assert argv[:6] == ["serve", "/tmp/smollm2-hf", "--port", "8012", "--max-model-len", "32768"]
     assert argv[-2:] == ["--max-model-len", "8192"]
+
+
+def test_smollm2_fp16_sides_file():
+    bf16 = ab.build_config(ab.build_arg_parser().parse_args(
+        ["--sides", str(REPO_ROOT / "scripts" / "h200" / "ab_smollm2_agreement.yaml")]))
+    fp16 = ab.build_config(ab.build_arg_parser().parse_args(
+        ["--sides", str(REPO_ROOT / "scripts" / "h200" / "ab_smollm2_agreement_fp16.yaml")]))
+    # The same model, workload and launcher as the bf16 run; only the dtype differs.
+    assert fp16.server_args == bf16.server_args + ["--dtype", "float16"]
+    assert (fp16.model, fp16.port, fp16.server_command, fp16.env, fp16.bench) == (
+        bf16.model, bf16.port, bf16.server_command, bf16.env, bf16.bench)
+    assert [s.env for s in fp16.sides] == [{"GOVINDA_DISABLE": "1"}, {"GOVINDA_DISABLE": "0"}]
+    assert fp16.sides[0].server_args == fp16.sides[1].server_args == []
+    on = {p.name: p for p in fp16.sides[1].log_patterns}
+    assert on["govinda_status"].min == 2 and on["govinda_dispatch"].min == 1

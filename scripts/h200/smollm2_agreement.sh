@@ -9,6 +9,8 @@
 #   call 2:    carry [.gguf_2]:                 . scripts/h200/env.sh && sh scripts/h200/smollm2_agreement.sh stash .gguf_2
 #   call 3:    carry [.gguf_3]:                 . scripts/h200/env.sh && sh scripts/h200/smollm2_agreement.sh stash .gguf_3 run
 #   call 4:    no carry:                        . scripts/h200/env.sh && sh scripts/h200/smollm2_agreement.sh stock
+#   fp16 pair (ab_smollm2_agreement_fp16.yaml): "stash .gguf_3 fp16" as call 3 instead, or "fp16"
+#   on a machine that already holds /tmp/smollm2-hf.
 #
 # "run" joins the parts, checks the sha256, converts the GGUF (scripts/h200/gguf_to_hf.py, with the
 # carried gguf wheel) into /tmp/smollm2-hf and runs the overlay off/on sides of
@@ -48,13 +50,18 @@ stash() {  # copy a carried part (and the gguf wheel, if carried) to where the l
     ls -l "$STASH"
 }
 
-run_agreement() {
+run_agreement_model() {  # join the parts, check them, convert to /tmp/smollm2-hf
     cat "$STASH"/part1 "$STASH"/part2 "$STASH"/part3 > /tmp/smollm2.gguf
     echo "$GGUF_SHA256  /tmp/smollm2.gguf" | sha256sum -c -
     PYTHONPATH="${PYTHONPATH:-}:/tmp/site-gguf" python3 scripts/h200/gguf_to_hf.py /tmp/smollm2.gguf /tmp/smollm2-hf --force
     out=${OUT:-/tmp/smollm2-agreement}  # $OUT: what a device call brings back
     mkdir -p "$out"
     cp /tmp/smollm2-hf/conversion.json "$out/smollm2_conversion.json"
+}
+
+run_agreement() {  # bf16, overlay off vs on
+    run_agreement_model
+    out=${OUT:-/tmp/smollm2-agreement}
     python3 bench/ab.py --sides scripts/h200/ab_smollm2_agreement.yaml --stop-grace 10 \
         --only overlay_off --only overlay_on --report-dir "$REPORTS" --log-dir "$out"
     cp "$REPORTS"/h200-smollm2-agreement.* "$out"/  # in case the second call never comes
@@ -68,12 +75,24 @@ run_stock_sides() {  # the second call: stock TRITON_ATTN bf16 and upstream int8
         --report-dir "$out" --log-dir "$out"
 }
 
-usage="usage: $0 split | stash DIR [run] | run | stock"
+run_fp16() {  # the same model in fp16, overlay off vs on (scripts/h200/ab_smollm2_agreement_fp16.yaml)
+    out=${OUT:-/tmp/smollm2-agreement}
+    mkdir -p "$out"
+    python3 bench/ab.py --sides scripts/h200/ab_smollm2_agreement_fp16.yaml --stop-grace 10 \
+        --report-dir "$out" --log-dir "$out"
+}
+
+usage="usage: $0 split | stash DIR [run|fp16] | run | stock | fp16"
 [ "$#" -gt 0 ] || { echo "$usage" >&2; exit 2; }
 case "$1" in
     split) split_here ;;
-    stash) stash "$2"; if [ "${3:-}" = run ]; then run_agreement; fi ;;
+    stash) stash "$2"
+           case "${3:-}" in
+               run) run_agreement ;;
+               fp16) run_agreement_model && run_fp16 ;;
+           esac ;;
     run) run_agreement ;;
     stock) run_stock_sides ;;
+    fp16) run_fp16 ;;
     *) echo "$usage" >&2; exit 2 ;;
 esac
