@@ -4,7 +4,7 @@
 # than one device call may carry next to the vLLM bundle, so it travels in three parts over
 # back-to-back calls on a warm machine (a call must start within 30 s of the previous one's end):
 #
-#   here:      sh scripts/h200/smollm2_agreement.sh split      # .gguf_1 (14 MB) .gguf_2 .gguf_3 + .whl/gguf
+#   here:      sh scripts/h200/smollm2_agreement.sh split      # .gguf_1 (8 MB) .gguf_2 .gguf_3 + .whl/gguf
 #   call 1:    carry [.device, .gguf_1, .whl]:  . scripts/h200/env.sh && sh scripts/h200/smollm2_agreement.sh stash .gguf_1
 #   call 2:    carry [.gguf_2]:                 . scripts/h200/env.sh && sh scripts/h200/smollm2_agreement.sh stash .gguf_2
 #   call 3:    carry [.gguf_3]:                 . scripts/h200/env.sh && sh scripts/h200/smollm2_agreement.sh stash .gguf_3 run
@@ -31,7 +31,7 @@ split_here() {
     done
     mkdir -p .gguf_1 .gguf_2 .gguf_3 .whl
     size=$(wc -c < "$source")
-    first=14000000                       # what fits beside the 48.5 MB vLLM bundle
+    first=8000000                        # what fits beside the 48.5 MB vLLM bundle and the checkout
     rest=$(( (size - first + 1) / 2 ))
     head -c "$first" "$source" > .gguf_1/part1
     tail -c +"$((first + 1))" "$source" | head -c "$rest" > .gguf_2/part2
