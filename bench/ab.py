@@ -1080,7 +1080,10 @@ def write_reports(result: Dict[str, Any], report_dir: Path, with_png: bool = Tru
     else:
         result["sla"] = tier_rows(result)
     paths = {"json": report_dir / f"{name}.json", "md": report_dir / f"{name}.md", "png": report_dir / f"{name}.png"}
-    paths["json"].write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
+    # Greedy results hold per-token arrays (ids, logprobs) for every side: written compact, they
+    # are half the size, which matters for reports carried to the device with the checkout.
+    indent = None if greedy else 1
+    paths["json"].write_text(json.dumps(result, indent=indent, default=str), encoding="utf-8")
     if greedy:
         note = ""  # no plot: the tables say it all
     else:
