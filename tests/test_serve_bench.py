@@ -473,6 +473,34 @@ def test_ab_through_start_vllm_bench_script(tmp_path):
         assert "ignoring flags ['--max-model-len', '32768']" in log
 
 
+def test_h200_bench_serve_sides_file(tmp_path):
+    """The 64-layer A/B through `vllm bench serve`: three sides, and log patterns that prove each
+    side's attention backend, checked against the committed H200 server logs."""
+    path = REPO_ROOT / "scripts" / "h200" / "ab_qwen35_64layer_bench_serve.yaml"
+    config = ab.build_config(ab.build_arg_parser().parse_args(["--sides", str(path)]))
+    assert config.workload() == "tiers" and config.baseline_name() == "triton_bf16"
+    assert [s.name for s in config.sides] == ["triton_bf16", "govinda", "fa3_bf16"]
+    assert config.bench["input_lens"] == [6144, 12288, 24576] and config.bench["output_len"] == 256
+    assert serve_tiers.BenchConfig(tokenizer=config.model, **config.bench).max_concurrency == 1
+    assert [s.env for s in config.sides] == [{"GOVINDA_DISABLE": "1"}, {"GOVINDA_DISABLE": "0"}, {"GOVINDA_DISABLE": "1"}]
+    assert [s.server_args for s in config.sides] == [["--attention-backend", "TRITON_ATTN"], [], []]
+    logs = REPO_ROOT / "reports" / "h200"
+    triton, govinda, fa3 = config.sides
+    counts = ab.count_log_patterns(logs / "serve64_triton_bf16.log", triton.log_patterns)
+    assert all(c["ok"] for c in counts.values()), counts
+    counts = ab.count_log_patterns(logs / "serve64_govinda.log", govinda.log_patterns)
+    assert all(c["ok"] for c in counts.values()), counts
+    # The stock logs also name FLASH_ATTN (for vit attention): that must not pass for the FA3 side.
+    for log in ("serve64_triton_bf16.log", "serve64_govinda.log"):
+        assert ab.count_log_patterns(logs / log, fa3.log_patterns)["attention_backend"]["count"] == 0
+    # vLLM's line when it picks the backend itself, as the overlay's log shows it for CUSTOM.
+    chosen = [line.replace("CUSTOM", "FLASH_ATTN") for line in (logs / "serve64_govinda.log").read_text().splitlines()
+              if "Using CUSTOM attention backend" in line]
+    assert chosen
+    (tmp_path / "fa3.log").write_text("\n".join(chosen))
+    assert ab.count_log_patterns(tmp_path / "fa3.log", fa3.log_patterns)["attention_backend"]["ok"]
+
+
 # ----------------------------------------------------------------------------- start scripts
 
 
