@@ -19,7 +19,9 @@ For each side in turn:
   6. count log lines matching the configured regexes (e.g. the overlay's status line) and read
      the overlay's dispatch counters from the side's GOVINDA_CACHE_DIR/counters/*.json.
 Sides can run one per invocation (``--only NAME``): the other sides' records are kept from the
-earlier JSON, so a run fits a time-limited machine session.
+earlier JSON, so a run fits a time-limited machine session. Or all at once (``--parallel``,
+``parallel: true``): side i on port PORT+i with ``CUDA_VISIBLE_DEVICES=i`` (unless its env sets
+it), one GPU each; the sides then share the host's CPUs but no GPU.
 
 Then writes ``<report-dir>/<name>.json`` (everything, rewritten after every side),
 ``<name>.md`` (per tier: output tok/s, TTFT P99, TPOT P99, completion, ratios to the baseline
@@ -80,6 +82,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -99,6 +102,8 @@ CACHE_SUBDIRS = {"VLLM_CACHE_ROOT": "vllm", "TRITON_CACHE_DIR": "triton", "TORCH
 OVERLAY_CACHE = ("GOVINDA_CACHE_DIR", "govinda")
 LOG_MATCHES_KEPT = 5
 LOG_TAIL_LINES = 60
+# Parallel runs give side i GPU i through this variable unless the side's env sets it.
+PARALLEL_GPU_VAR = "CUDA_VISIBLE_DEVICES"
 # bench.workload: what runs against each side's server once it is up.
 WORKLOADS = ("tiers", "greedy")
 TIER_FLAGS = ("input_lens", "output_len", "num_prompts", "max_concurrency", "warmup_requests", "seed", "tokenizer")
@@ -127,6 +132,7 @@ class Side:
     env: Dict[str, Optional[str]] = field(default_factory=dict)
     server_args: List[str] = field(default_factory=list)
     log_patterns: List[LogPattern] = field(default_factory=list)
+    port: Optional[int] = None  # default: the run's port (parallel runs: port + the side's index)
 
 
 @dataclass
@@ -153,6 +159,9 @@ class AbConfig:
     keep_caches: bool = False
     # "tree": every process of the server; "leader": only the launched process (after its exec).
     env_check_scope: str = "tree"
+    # All sides at once, side i on port + i and GPU i (CUDA_VISIBLE_DEVICES, unless its env sets it;
+    # the env check verifies it like any side variable): one call of a multi-GPU machine.
+    parallel: bool = False
 
     def baseline_name(self) -> str:
         return self.baseline or self.sides[0].name
@@ -215,11 +224,11 @@ def _merge_patterns(common: List[LogPattern], own: List[LogPattern]) -> List[Log
     return list(merged.values())
 
 
-SIDE_KEYS = {"name", "env", "server_args", "log_patterns"}
+SIDE_KEYS = {"name", "env", "server_args", "log_patterns", "port"}
 FILE_KEYS = {
     "name", "model", "port", "host", "server_command", "env", "server_args", "bench", "log_patterns",
     "baseline", "health_timeout_s", "stop_grace_s", "sla_factor", "min_completion", "work_dir",
-    "report_dir", "log_dir", "keep_caches", "env_check_scope", "sides",
+    "report_dir", "log_dir", "keep_caches", "env_check_scope", "parallel", "sides",
 }
 
 
@@ -265,6 +274,7 @@ def build_config(args: argparse.Namespace) -> AbConfig:
         sides.append(
             Side(
                 name=str(raw["name"]),
+                port=int(raw["port"]) if raw.get("port") is not None else None,
                 env=_env_values(raw.get("env"), where),
                 server_args=_args_list(raw.get("server_args")),
                 log_patterns=_log_patterns(raw.get("log_patterns"), where),
@@ -333,6 +343,7 @@ def build_config(args: argparse.Namespace) -> AbConfig:
         report_dir=pick(args.report_dir, "report_dir", str(REPO_ROOT / "reports")),
         keep_caches=bool(args.keep_caches or data.get("keep_caches", False)),
         env_check_scope=pick(args.env_check_scope, "env_check_scope", "tree"),
+        parallel=bool(args.parallel or data.get("parallel", False)),
     )
     if server_command is not None:
         config.server_command = _args_list(server_command)
@@ -340,6 +351,12 @@ def build_config(args: argparse.Namespace) -> AbConfig:
         raise ValueError("no model: give --model, model: in the sides file, or MODEL in the env")
     if config.baseline_name() not in by_name:
         raise ValueError(f"baseline {config.baseline_name()} is not a side")
+    if config.parallel:
+        for index, side in enumerate(sides):
+            side.port = side.port or config.port + index
+            side.env.setdefault(PARALLEL_GPU_VAR, str(index))
+        if len({side.port for side in sides}) != len(sides):
+            raise ValueError("parallel sides need distinct ports")
     if config.env_check_scope not in ("tree", "leader"):
         raise ValueError("env_check_scope must be 'tree' or 'leader'")
     if not re.fullmatch(r"[A-Za-z0-9._-]+", config.name) or not all(
@@ -615,7 +632,12 @@ def side_process_env(config: AbConfig, side: Side, cache_dirs: Dict[str, str]) -
     return env
 
 
-def run_side(config: AbConfig, side: Side) -> Dict[str, Any]:
+def side_port(config: AbConfig, side: Side) -> int:
+    return side.port or config.port
+
+
+def run_side(config: AbConfig, side: Side, live: Optional[Dict[str, subprocess.Popen]] = None) -> Dict[str, Any]:
+    """One side, start to stop; ``live`` (parallel runs) holds its server while it runs."""
     side_dir = config.resolved_work_dir() / side.name
     cache_dirs = side_cache_dirs(config, side)
     cache_root = Path(cache_dirs["VLLM_CACHE_ROOT"]).parent
@@ -627,7 +649,8 @@ def run_side(config: AbConfig, side: Side) -> Dict[str, Any]:
         shutil.rmtree(Path(cache_dirs["GOVINDA_CACHE_DIR"]) / "counters", ignore_errors=True)
     log_path = Path(config.log_dir) / f"{side.name}.server.log" if config.log_dir else side_dir / "server.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = config.server_command + [config.model, str(config.port)] + config.server_args + side.server_args
+    port = side_port(config, side)
+    command = config.server_command + [config.model, str(port)] + config.server_args + side.server_args
     expected = expected_env(config, side)
     record: Dict[str, Any] = {
         "name": side.name,
@@ -640,8 +663,8 @@ def run_side(config: AbConfig, side: Side) -> Dict[str, Any]:
         "log_path": str(log_path),
         "problems": [],
     }
-    if port_in_use(config.host, config.port):
-        record.update(status="error", error=f"port {config.port} is already in use: refusing to start")
+    if port_in_use(config.host, port):
+        record.update(status="error", error=f"port {port} is already in use: refusing to start")
         return record
 
     log(f"side {side.name}: starting {shlex.join(command)} (log {log_path})")
@@ -659,10 +682,12 @@ def run_side(config: AbConfig, side: Side) -> Dict[str, Any]:
                 start_new_session=True,
             )
             record["pid"] = proc.pid
-            _wait_until_ready(config, proc, expected, cache_dirs, record, started)
+            if live is not None:
+                live[side.name] = proc
+            _wait_until_ready(config, port, proc, expected, cache_dirs, record, started)
             log(f"side {side.name}: ready after {record['startup_s']:.0f} s, environment verified; "
                 f"running the {config.workload()} workload")
-            record["bench"] = run_workload(config, side)
+            record["bench"] = run_workload(config, side, port)
             record["status"] = "ok"
         except Refused as exc:
             record.update(status="refused", error=str(exc))
@@ -678,10 +703,12 @@ def run_side(config: AbConfig, side: Side) -> Dict[str, Any]:
                 log(f"side {side.name}: stopping server")
                 record["stop"] = stop_server(proc, config.stop_grace_s)
                 deadline = time.monotonic() + config.stop_grace_s
-                while port_in_use(config.host, config.port) and time.monotonic() < deadline:
+                while port_in_use(config.host, port) and time.monotonic() < deadline:
                     time.sleep(0.5)
-                if port_in_use(config.host, config.port):
-                    record["problems"].append(f"port {config.port} still in use after stopping the server")
+                if port_in_use(config.host, port):
+                    record["problems"].append(f"port {port} still in use after stopping the server")
+                if live is not None:
+                    live.pop(side.name, None)
     record["log_counts"] = count_log_patterns(log_path, side.log_patterns)
     if "GOVINDA_CACHE_DIR" in cache_dirs:
         record["govinda_counters"] = read_overlay_counters(Path(cache_dirs["GOVINDA_CACHE_DIR"]) / "counters")
@@ -696,8 +723,8 @@ def run_side(config: AbConfig, side: Side) -> Dict[str, Any]:
     return record
 
 
-def run_workload(config: AbConfig, side: Side) -> Dict[str, Any]:
-    base_url = f"http://{config.host}:{config.port}"
+def run_workload(config: AbConfig, side: Side, port: int) -> Dict[str, Any]:
+    base_url = f"http://{config.host}:{port}"
     settings = {k: v for k, v in config.bench.items() if k != "workload"}
     if config.workload() == "greedy":
         return greedy_agreement.run(greedy_agreement.GreedyConfig(base_url=base_url, label=side.name, **settings))
@@ -712,7 +739,7 @@ def run_workload(config: AbConfig, side: Side) -> Dict[str, Any]:
     return serve_tiers.run(bench_config)
 
 
-def _wait_until_ready(config, proc, expected, cache_dirs, record, started) -> None:
+def _wait_until_ready(config, port, proc, expected, cache_dirs, record, started) -> None:
     """Poll /health; check the environment on every poll so a wrong side is refused early."""
     verified: Dict[int, Dict[str, Any]] = {}
     while True:
@@ -722,7 +749,7 @@ def _wait_until_ready(config, proc, expected, cache_dirs, record, started) -> No
             raise Refused(_describe_env_failure(check))
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with code {proc.returncode} before /health answered")
-        if openai_http.health_ok(config.host, config.port):
+        if openai_http.health_ok(config.host, port):
             break
         if time.monotonic() - started > config.health_timeout_s:
             raise RuntimeError(f"/health did not answer within {config.health_timeout_s:.0f} s")
@@ -1167,19 +1194,48 @@ def run_ab(config: AbConfig, only: Optional[List[str]] = None, merge_with: Optio
 
     config.resolved_work_dir().mkdir(parents=True, exist_ok=True)
     to_run = [i for i, side in enumerate(config.sides) if not only or side.name in only]
-    for count, i in enumerate(to_run, start=1):
+    lock = threading.Lock()
+    live: Dict[str, subprocess.Popen] = {}
+
+    def one_side(count: int, i: int) -> Optional[Dict[str, Any]]:
         side = config.sides[i]
-        log(f"=== side {count}/{len(to_run)}: {side.name}")
+        log(f"=== side {count}/{len(to_run)}: {side.name}" + (f" (port {side_port(config, side)})" if config.parallel else ""))
         (config.resolved_work_dir() / side.name).mkdir(parents=True, exist_ok=True)
-        record = run_side(config, side)
+        record = run_side(config, side, live if config.parallel else None)
         record["measured"] = {k: this_run[k] for k in ("date", "host", "repo")}
-        records[i] = record
-        publish(with_png=False)  # partial results survive a crash
-        if record.get("interrupted"):
-            break
+        with lock:
+            records[i] = record
+            publish(with_png=False)  # partial results survive a crash
+        return record
+
+    if config.parallel:
+        _run_parallel([lambda count=count, i=i: one_side(count, i) for count, i in enumerate(to_run, start=1)],
+                      live, config.stop_grace_s)
+    else:
+        for count, i in enumerate(to_run, start=1):
+            if one_side(count, i).get("interrupted"):
+                break
     paths = publish(with_png=True)
     log(f"wrote {paths['json']}, {paths['md']}" + (f", {paths['png']}" if paths["png"].exists() else ""))
     return result
+
+
+def _run_parallel(jobs, live: Dict[str, subprocess.Popen], grace_s: float) -> None:
+    """Run the side jobs in threads. Ctrl-C / SIGTERM reach the main thread only: it stops every
+    live server, which makes each side's wait or workload fail and its thread finish."""
+    threads = [threading.Thread(target=job, daemon=True) for job in jobs]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(timeout=0.5)
+    except KeyboardInterrupt:
+        log("interrupted: stopping every side's server")
+        for proc in list(live.values()):
+            stop_server(proc, grace_s)
+        for thread in threads:
+            thread.join(timeout=grace_s + 30)
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -1211,6 +1267,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-dir", help="where <name>.json/.md/.png go (default <repo>/reports)")
     p.add_argument("--keep-caches", action="store_true", help="reuse each side's caches from an earlier run")
     p.add_argument("--env-check-scope", choices=("tree", "leader"))
+    p.add_argument("--parallel", action="store_true",
+                   help="run all sides at once, side i on port PORT+i and GPU i (CUDA_VISIBLE_DEVICES=i unless set)")
     p.add_argument("--only", action="append", metavar="SIDE",
                    help="run only this side (repeatable); the other sides' records are kept from "
                         "<report-dir>/<name>.json or --merge-with")

@@ -447,6 +447,38 @@ def test_ab_only_runs_one_side_and_keeps_the_others(tmp_path):
     assert joined["agreement"][0]["identical"] == row["identical"]
 
 
+def test_ab_parallel_runs_every_side_at_once_on_its_own_port_and_gpu(tmp_path):
+    # Side a's launcher waits until side b's has started: only a parallel run gets both up.
+    marker = tmp_path / "b-started"
+    launcher = _launcher(tmp_path, "serve.sh", f"""\
+        if [ "$CUDA_VISIBLE_DEVICES" = 0 ]; then
+            i=0; until [ -e "{marker}" ]; do i=$((i+1)); [ $i -gt 200 ] && exit 7; sleep 0.1; done
+        else
+            touch "{marker}"
+        fi
+        exec "{PYTHON}" "{FAKE_SERVER}" "$@"
+    """)
+    port = free_port()
+    code = ab.main(["--side", "a", "GOVINDA_DISABLE=1", "--side", "b", "GOVINDA_DISABLE=0", "--parallel",
+                    "--name", "par", "--model", "fake-model", "--server-cmd", launcher, "--workload", "greedy",
+                    "--port", str(port), "--stop-grace", "5", "--health-timeout", "30",
+                    "--work-dir", str(tmp_path / "work"), "--report-dir", str(tmp_path / "reports")])
+    assert code == 0
+    result = json.loads((tmp_path / "reports" / "par.json").read_text())
+    a, b = result["sides"]
+    assert a["status"] == b["status"] == "ok"
+    assert a["command"][-2:] == ["fake-model", str(port)] and b["command"][-2:] == ["fake-model", str(port + 1)]
+    # The GPU assignment is a side variable like any other: declared, set and verified.
+    for side, gpu in ((a, "0"), (b, "1")):
+        assert side["env"]["CUDA_VISIBLE_DEVICES"] == gpu
+        assert all(p["observed"]["CUDA_VISIBLE_DEVICES"] == gpu for p in side["env_check"]["processes"])
+    assert result["agreement"][0]["identical"] == result["agreement"][0]["prompts"] > 0
+    with pytest.raises(ValueError, match="distinct ports"):
+        ab.build_config(ab.build_arg_parser().parse_args(
+            ["--sides", _sides_file(tmp_path, {"model": "m", "parallel": True, "port": 9000,
+                                               "sides": [{"name": "x", "port": 9001}, {"name": "y"}]})]))
+
+
 def test_ab_through_start_vllm_bench_script(tmp_path):
     """The locked bench script: only --port/--max-model-len reach the server, caches are kept."""
     fake_cmd = f"{PYTHON} {FAKE_SERVER}"
