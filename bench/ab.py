@@ -851,7 +851,8 @@ def _run_lines(result: Dict[str, Any]) -> List[str]:
         f"{' (uncommitted changes)' if result.get('repo', {}).get('dirty') else ''}"
         + (f"; sides measured in {len(result['runs'])} runs (see 'measured')" if len(result.get("runs", [])) > 1 else ""),
         f"- model: `{config['model']}`; server command: `{shlex.join(config['server_command'])} MODEL PORT [ARGS]`",
-    ]
+    ] + (["- the sides ran at the same time, each on its own GPU and port (see env): they shared the host's CPUs"]
+         if config.get("parallel") else [])
 
 
 def _sides_lines(result: Dict[str, Any]) -> List[str]:

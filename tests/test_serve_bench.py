@@ -473,6 +473,7 @@ def test_ab_parallel_runs_every_side_at_once_on_its_own_port_and_gpu(tmp_path):
         assert side["env"]["CUDA_VISIBLE_DEVICES"] == gpu
         assert all(p["observed"]["CUDA_VISIBLE_DEVICES"] == gpu for p in side["env_check"]["processes"])
     assert result["agreement"][0]["identical"] == result["agreement"][0]["prompts"] > 0
+    assert "the sides ran at the same time" in (tmp_path / "reports" / "par.md").read_text()
     with pytest.raises(ValueError, match="distinct ports"):
         ab.build_config(ab.build_arg_parser().parse_args(
             ["--sides", _sides_file(tmp_path, {"model": "m", "parallel": True, "port": 9000,
