@@ -5,8 +5,8 @@ Serves ``/health``, ``/v1/models`` (``id`` and ``root``, as ``vllm bench serve``
 streaming ``/v1/completions`` (one SSE chunk per token, a final usage chunk when
 ``stream_options.include_usage`` is set, then ``[DONE]``), with a configurable time to first token
 and per-token delay. Streamed prompts may be token ids or text (what ``vllm bench serve``'s random
-dataset sends); text is counted with ``--tokenizer DIR`` (its ``tokenizer.json``, as the real
-server would), else by whitespace, and the count is the usage's ``prompt_tokens``. Failure
+dataset sends); text is counted with ``--tokenizer DIR`` (loaded as the real server loads it),
+else by whitespace, and the count is the usage's ``prompt_tokens``. Failure
 injection: every Nth completion request (counted from 1, warm-ups included) answers HTTP 500
 (``--fail-every``) or streams only half of its tokens (``--short-every``). Debug endpoints let a
 test see what the server saw: ``/debug/env`` (its environment, ``GOVINDA_*`` and the compile-cache
@@ -94,13 +94,15 @@ def greedy_continuation(prompt: str, max_tokens: int, diverge_at, stop_after):
 
 
 def load_tokenizer(directory):
-    """Token counting for text prompts: the model directory's tokenizer.json, or whitespace."""
+    """Token counting for text prompts: the model directory's tokenizer as vLLM's server loads it
+    (transformers' AutoTokenizer: transformers 5 replaces the pre-tokenizer of tokenizer.json with
+    the model class's own, so the file alone would count differently), or whitespace."""
     if not directory:
         return lambda text: text.split()
-    from tokenizers import Tokenizer  # a vLLM dependency
+    from transformers import AutoTokenizer  # a vLLM dependency
 
-    tokenizer = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
-    return lambda text: tokenizer.encode(text, add_special_tokens=True).ids
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    return lambda text: tokenizer.encode(text, add_special_tokens=True)
 
 
 def build_app(args: argparse.Namespace) -> web.Application:
@@ -294,7 +296,7 @@ def main(argv=None) -> None:
                    help="text prompts containing SUB: EOS after LEN tokens")
     p.add_argument("--no-token-ids", action="store_true", help="ignore return_token_ids (ids only via logprobs)")
     p.add_argument("--tokenizer", default=None, metavar="DIR",
-                   help="count text prompts with DIR/tokenizer.json (default: whitespace words)")
+                   help="count text prompts with the tokenizer in DIR (default: whitespace words)")
     p.add_argument("--model-root", default=None, help="/v1/models root (default: the model name)")
     p.add_argument("--request-log", default=None, metavar="FILE", help="append every request record as a JSON line")
     p.add_argument("--flip-prompt-every", type=int, default=0, metavar="N",
