@@ -1198,7 +1198,7 @@ def run_ab(config: AbConfig, only: Optional[List[str]] = None, merge_with: Optio
     lock = threading.Lock()
     live: Dict[str, subprocess.Popen] = {}
 
-    def one_side(count: int, i: int) -> Optional[Dict[str, Any]]:
+    def one_side(count: int, i: int) -> Dict[str, Any]:
         side = config.sides[i]
         log(f"=== side {count}/{len(to_run)}: {side.name}" + (f" (port {side_port(config, side)})" if config.parallel else ""))
         (config.resolved_work_dir() / side.name).mkdir(parents=True, exist_ok=True)
