@@ -12,18 +12,22 @@ For each side in turn:
      descendants and its process group) and REFUSE the side if any declared variable differs:
      a side's own variables must have its values, variables that only other sides set must be
      absent, and the cache variables must point into this side's cache dir;
-  4. run the workload in-process: bench/serve_tiers.py (default), or bench/greedy_agreement.py
-     (``bench: {workload: greedy}``);
+  4. run the workload: the tiers (default) through ``vllm bench serve`` of the installed vLLM, one
+     run of the tool per tier (bench/serve_tiers.py; its saved JSON is the tier's record), or
+     bench/greedy_agreement.py (``bench: {workload: greedy}``, our own client);
   5. stop the server (SIGTERM to the group, SIGKILL after --stop-grace seconds);
   6. count log lines matching the configured regexes (e.g. the overlay's status line) and read
      the overlay's dispatch counters from the side's GOVINDA_CACHE_DIR/counters/*.json.
 Sides can run one per invocation (``--only NAME``): the other sides' records are kept from the
-earlier JSON, so a run fits a time-limited machine session.
+earlier JSON, so a run fits a time-limited machine session. Or all at once (``--parallel``,
+``parallel: true``): side i on port PORT+i with ``CUDA_VISIBLE_DEVICES=i`` (unless its env sets
+it), one GPU each; the sides then share the host's CPUs but no GPU.
 
 Then writes ``<report-dir>/<name>.json`` (everything, rewritten after every side),
 ``<name>.md`` (per tier: output tok/s, TTFT P99, TPOT P99, completion, ratios to the baseline
 side, and the SLA verdict: P99s within 1.5x of the baseline's and completion >= 99 %) and
-``<name>.png`` (when matplotlib is importable). ``--report-only NAME.json`` rebuilds md/png.
+``<name>.png`` (when matplotlib is importable). ``--report-only NAME.json [MORE.json ...]`` rebuilds
+md/png (from several: one report of the sides of all, e.g. one side measured per device call).
 
 Greedy workload (``bench: {workload: greedy, prompts: [...], max_tokens: 64, repeats: 2}``, keys
 of greedy_agreement.GreedyConfig; prompts omitted = its built-in set): every side answers the
@@ -42,7 +46,7 @@ which is the server's working directory). The H200 validation, for example::
     env: {GOVINDA_VLLM_CMD: "python3 -m vllm.entrypoints.cli.main"}    # every side
     server_args: [--served-model-name, m, --load-format, dummy, --language-model-only,
                   --additional-config, '{"gdn_prefill_backend": "triton"}']   # every side
-    bench: {input_lens: [6144, 12288, 24576], output_len: 256, num_prompts: 10, vocab_limit: 8000}
+    bench: {input_lens: [6144, 12288, 24576], output_len: 256, num_prompts: 10}   # + tokenizer: (default: model)
     log_patterns:          # counted in every side's log; name: regex, or {regex:, min:, max:}
       govinda_errors: {regex: 'govinda:? ERROR', max: 0}
       govinda_status: {regex: 'govinda \w+ \[pid \d+\] status:', max: 0}
@@ -78,9 +82,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -90,7 +93,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench import greedy_agreement, serve_tiers  # noqa: E402
+from bench import greedy_agreement, openai_http, serve_tiers  # noqa: E402
 
 SCHEMA = "govinda.ab/1"
 CACHE_SUBDIRS = {"VLLM_CACHE_ROOT": "vllm", "TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "inductor"}
@@ -99,9 +102,13 @@ CACHE_SUBDIRS = {"VLLM_CACHE_ROOT": "vllm", "TRITON_CACHE_DIR": "triton", "TORCH
 OVERLAY_CACHE = ("GOVINDA_CACHE_DIR", "govinda")
 LOG_MATCHES_KEPT = 5
 LOG_TAIL_LINES = 60
+# Parallel runs give side i GPU i through this variable unless the side's env sets it.
+PARALLEL_GPU_VAR = "CUDA_VISIBLE_DEVICES"
 # bench.workload: what runs against each side's server once it is up.
 WORKLOADS = ("tiers", "greedy")
-TIER_FLAGS = ("input_lens", "output_len", "num_prompts", "max_concurrency", "vocab_limit", "seed")
+TIER_FLAGS = ("input_lens", "output_len", "num_prompts", "max_concurrency", "warmup_requests", "seed", "tokenizer")
+# Set by the runner for each side, not by the sides file.
+RUNNER_BENCH_KEYS = {"base_url", "progress", "label", "work_dir"}
 
 
 def log(message: str) -> None:
@@ -125,6 +132,7 @@ class Side:
     env: Dict[str, Optional[str]] = field(default_factory=dict)
     server_args: List[str] = field(default_factory=list)
     log_patterns: List[LogPattern] = field(default_factory=list)
+    port: Optional[int] = None  # default: the run's port (parallel runs: port + the side's index)
 
 
 @dataclass
@@ -151,6 +159,9 @@ class AbConfig:
     keep_caches: bool = False
     # "tree": every process of the server; "leader": only the launched process (after its exec).
     env_check_scope: str = "tree"
+    # All sides at once, side i on port + i and GPU i (CUDA_VISIBLE_DEVICES, unless its env sets it;
+    # the env check verifies it like any side variable): one call of a multi-GPU machine.
+    parallel: bool = False
 
     def baseline_name(self) -> str:
         return self.baseline or self.sides[0].name
@@ -213,11 +224,11 @@ def _merge_patterns(common: List[LogPattern], own: List[LogPattern]) -> List[Log
     return list(merged.values())
 
 
-SIDE_KEYS = {"name", "env", "server_args", "log_patterns"}
+SIDE_KEYS = {"name", "env", "server_args", "log_patterns", "port"}
 FILE_KEYS = {
     "name", "model", "port", "host", "server_command", "env", "server_args", "bench", "log_patterns",
     "baseline", "health_timeout_s", "stop_grace_s", "sla_factor", "min_completion", "work_dir",
-    "report_dir", "log_dir", "keep_caches", "env_check_scope", "sides",
+    "report_dir", "log_dir", "keep_caches", "env_check_scope", "parallel", "sides",
 }
 
 
@@ -263,6 +274,7 @@ def build_config(args: argparse.Namespace) -> AbConfig:
         sides.append(
             Side(
                 name=str(raw["name"]),
+                port=int(raw["port"]) if raw.get("port") is not None else None,
                 env=_env_values(raw.get("env"), where),
                 server_args=_args_list(raw.get("server_args")),
                 log_patterns=_log_patterns(raw.get("log_patterns"), where),
@@ -287,7 +299,7 @@ def build_config(args: argparse.Namespace) -> AbConfig:
     if workload not in WORKLOADS:
         raise ValueError(f"bench: unknown workload {workload!r} (known: {', '.join(WORKLOADS)})")
     settings_class = serve_tiers.BenchConfig if workload == "tiers" else greedy_agreement.GreedyConfig
-    known_bench = {f.name for f in dataclasses.fields(settings_class)} - {"base_url", "progress"}
+    known_bench = {f.name for f in dataclasses.fields(settings_class)} - RUNNER_BENCH_KEYS
     unknown = set(bench) - known_bench - {"workload"}
     if unknown:
         raise ValueError(f"bench: unknown keys {sorted(unknown)} for workload {workload} (known: {sorted(known_bench)})")
@@ -331,6 +343,7 @@ def build_config(args: argparse.Namespace) -> AbConfig:
         report_dir=pick(args.report_dir, "report_dir", str(REPO_ROOT / "reports")),
         keep_caches=bool(args.keep_caches or data.get("keep_caches", False)),
         env_check_scope=pick(args.env_check_scope, "env_check_scope", "tree"),
+        parallel=bool(args.parallel or data.get("parallel", False)),
     )
     if server_command is not None:
         config.server_command = _args_list(server_command)
@@ -338,6 +351,12 @@ def build_config(args: argparse.Namespace) -> AbConfig:
         raise ValueError("no model: give --model, model: in the sides file, or MODEL in the env")
     if config.baseline_name() not in by_name:
         raise ValueError(f"baseline {config.baseline_name()} is not a side")
+    if config.parallel:
+        for index, side in enumerate(sides):
+            side.port = side.port or config.port + index
+            side.env.setdefault(PARALLEL_GPU_VAR, str(index))
+        if len({side.port for side in sides}) != len(sides):
+            raise ValueError("parallel sides need distinct ports")
     if config.env_check_scope not in ("tree", "leader"):
         raise ValueError("env_check_scope must be 'tree' or 'leader'")
     if not re.fullmatch(r"[A-Za-z0-9._-]+", config.name) or not all(
@@ -508,17 +527,6 @@ def port_in_use(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-_NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never proxy localhost
-
-
-def health_ok(host: str, port: int) -> bool:
-    try:
-        with _NO_PROXY_OPENER.open(f"http://{host}:{port}/health", timeout=5) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
 def _group_alive(pgid: int) -> bool:
     return any(p["pgrp"] == pgid and p["state"] != "Z" for p in _all_processes())
 
@@ -624,7 +632,12 @@ def side_process_env(config: AbConfig, side: Side, cache_dirs: Dict[str, str]) -
     return env
 
 
-def run_side(config: AbConfig, side: Side) -> Dict[str, Any]:
+def side_port(config: AbConfig, side: Side) -> int:
+    return side.port or config.port
+
+
+def run_side(config: AbConfig, side: Side, live: Optional[Dict[str, subprocess.Popen]] = None) -> Dict[str, Any]:
+    """One side, start to stop; ``live`` (parallel runs) holds its server while it runs."""
     side_dir = config.resolved_work_dir() / side.name
     cache_dirs = side_cache_dirs(config, side)
     cache_root = Path(cache_dirs["VLLM_CACHE_ROOT"]).parent
@@ -636,7 +649,8 @@ def run_side(config: AbConfig, side: Side) -> Dict[str, Any]:
         shutil.rmtree(Path(cache_dirs["GOVINDA_CACHE_DIR"]) / "counters", ignore_errors=True)
     log_path = Path(config.log_dir) / f"{side.name}.server.log" if config.log_dir else side_dir / "server.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = config.server_command + [config.model, str(config.port)] + config.server_args + side.server_args
+    port = side_port(config, side)
+    command = config.server_command + [config.model, str(port)] + config.server_args + side.server_args
     expected = expected_env(config, side)
     record: Dict[str, Any] = {
         "name": side.name,
@@ -649,8 +663,8 @@ def run_side(config: AbConfig, side: Side) -> Dict[str, Any]:
         "log_path": str(log_path),
         "problems": [],
     }
-    if port_in_use(config.host, config.port):
-        record.update(status="error", error=f"port {config.port} is already in use: refusing to start")
+    if port_in_use(config.host, port):
+        record.update(status="error", error=f"port {port} is already in use: refusing to start")
         return record
 
     log(f"side {side.name}: starting {shlex.join(command)} (log {log_path})")
@@ -668,10 +682,12 @@ def run_side(config: AbConfig, side: Side) -> Dict[str, Any]:
                 start_new_session=True,
             )
             record["pid"] = proc.pid
-            _wait_until_ready(config, proc, expected, cache_dirs, record, started)
+            if live is not None:
+                live[side.name] = proc
+            _wait_until_ready(config, port, proc, expected, cache_dirs, record, started)
             log(f"side {side.name}: ready after {record['startup_s']:.0f} s, environment verified; "
                 f"running the {config.workload()} workload")
-            record["bench"] = run_workload(config, side)
+            record["bench"] = run_workload(config, side, port)
             record["status"] = "ok"
         except Refused as exc:
             record.update(status="refused", error=str(exc))
@@ -687,10 +703,12 @@ def run_side(config: AbConfig, side: Side) -> Dict[str, Any]:
                 log(f"side {side.name}: stopping server")
                 record["stop"] = stop_server(proc, config.stop_grace_s)
                 deadline = time.monotonic() + config.stop_grace_s
-                while port_in_use(config.host, config.port) and time.monotonic() < deadline:
+                while port_in_use(config.host, port) and time.monotonic() < deadline:
                     time.sleep(0.5)
-                if port_in_use(config.host, config.port):
-                    record["problems"].append(f"port {config.port} still in use after stopping the server")
+                if port_in_use(config.host, port):
+                    record["problems"].append(f"port {port} still in use after stopping the server")
+                if live is not None:
+                    live.pop(side.name, None)
     record["log_counts"] = count_log_patterns(log_path, side.log_patterns)
     if "GOVINDA_CACHE_DIR" in cache_dirs:
         record["govinda_counters"] = read_overlay_counters(Path(cache_dirs["GOVINDA_CACHE_DIR"]) / "counters")
@@ -705,18 +723,23 @@ def run_side(config: AbConfig, side: Side) -> Dict[str, Any]:
     return record
 
 
-def run_workload(config: AbConfig, side: Side) -> Dict[str, Any]:
-    base_url = f"http://{config.host}:{config.port}"
-    settings = {k: v for k, v in config.bench.items() if k not in ("workload", "label")}  # label: the side's name
+def run_workload(config: AbConfig, side: Side, port: int) -> Dict[str, Any]:
+    base_url = f"http://{config.host}:{port}"
+    settings = {k: v for k, v in config.bench.items() if k != "workload"}
     if config.workload() == "greedy":
         return greedy_agreement.run(greedy_agreement.GreedyConfig(base_url=base_url, label=side.name, **settings))
-    bench_config = serve_tiers.BenchConfig(base_url=base_url, label=side.name, **settings)
+    # The random dataset builds its prompts with the served model's tokenizer; relative paths
+    # are the server's, whose working directory is the repo root.
+    settings["tokenizer"] = str(REPO_ROOT / settings.get("tokenizer", config.model))
+    bench_config = serve_tiers.BenchConfig(
+        base_url=base_url, label=side.name, work_dir=str(config.resolved_work_dir() / side.name / "bench_serve"), **settings
+    )
     if 99.0 not in bench_config.percentiles:
         bench_config.percentiles.append(99.0)  # the SLA is on P99
     return serve_tiers.run(bench_config)
 
 
-def _wait_until_ready(config, proc, expected, cache_dirs, record, started) -> None:
+def _wait_until_ready(config, port, proc, expected, cache_dirs, record, started) -> None:
     """Poll /health; check the environment on every poll so a wrong side is refused early."""
     verified: Dict[int, Dict[str, Any]] = {}
     while True:
@@ -726,7 +749,7 @@ def _wait_until_ready(config, proc, expected, cache_dirs, record, started) -> No
             raise Refused(_describe_env_failure(check))
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with code {proc.returncode} before /health answered")
-        if health_ok(config.host, config.port):
+        if openai_http.health_ok(config.host, port):
             break
         if time.monotonic() - started > config.health_timeout_s:
             raise RuntimeError(f"/health did not answer within {config.health_timeout_s:.0f} s")
@@ -767,15 +790,18 @@ def tier_rows(result: Dict[str, Any]) -> Dict[str, Any]:
     rows: Dict[str, Any] = {}
     for n in input_lens:
         base = per_side.get(baseline, {}).get(n)
+        if base is not None and base.get("error"):
+            base = None
         rows[str(n)] = []
         for side in sides:
             tier = per_side[side["name"]].get(n)
             row: Dict[str, Any] = {"side": side["name"], "status": side["status"]}
-            if tier is None:
-                row.update(verdict="NO DATA", score=0.0)
+            if tier is None or tier.get("error"):
+                row.update(verdict=f"ERROR: {tier['error']}" if tier else "NO DATA", score=0.0)
                 rows[str(n)].append(row)
                 continue
             row.update(
+                input_tokens_sent=serve_tiers.input_len_range(tier),
                 output_throughput=tier["output_throughput"],
                 p99_ttft_ms=tier.get("p99_ttft_ms"),
                 p99_tpot_ms=tier.get("p99_tpot_ms"),
@@ -825,7 +851,8 @@ def _run_lines(result: Dict[str, Any]) -> List[str]:
         f"{' (uncommitted changes)' if result.get('repo', {}).get('dirty') else ''}"
         + (f"; sides measured in {len(result['runs'])} runs (see 'measured')" if len(result.get("runs", [])) > 1 else ""),
         f"- model: `{config['model']}`; server command: `{shlex.join(config['server_command'])} MODEL PORT [ARGS]`",
-    ]
+    ] + (["- the sides ran at the same time, each on its own GPU and port (see env): they shared the host's CPUs"]
+         if config.get("parallel") else [])
 
 
 def _sides_lines(result: Dict[str, Any]) -> List[str]:
@@ -875,7 +902,7 @@ def render_markdown(result: Dict[str, Any], png_note: str) -> str:
         *_run_lines(result),
         f"- workload: {bench.get('num_prompts', serve_tiers.BenchConfig.num_prompts)} prompts per tier, "
         f"{bench.get('output_len', serve_tiers.BenchConfig.output_len)} output tokens, concurrency "
-        f"{bench.get('max_concurrency', 1)}, ignore_eos, random token-id prompts (no prefix reuse)",
+        f"{bench.get('max_concurrency', 1)}, ignore_eos; {_client_text(result)}",
         f"- baseline side: **{result['baseline']}**; SLA: TTFT P99 and TPOT P99 <= {config['sla_factor']}x the "
         f"baseline's, completion >= {config['min_completion']:.0%}; score = output tok/s if PASS else 0",
         "- P99 over few requests is close to the worst request: read it as a max, not a tail estimate.",
@@ -887,15 +914,17 @@ def render_markdown(result: Dict[str, Any], png_note: str) -> str:
             "",
             f"## Input {input_len} tokens",
             "",
-            "| side | output tok/s | vs base | TTFT P99 ms | vs base | TPOT P99 ms | vs base | completion | SLA | score |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| side | input tokens sent | output tok/s | vs base | TTFT P99 ms | vs base | TPOT P99 ms | vs base | "
+            "completion | SLA | score |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for row in tier_rows_:
             if "output_throughput" not in row:
-                lines.append(f"| {row['side']} | - | - | - | - | - | - | - | {row['verdict']} | 0 |")
+                lines.append(f"| {row['side']} | - | - | - | - | - | - | - | - | {row['verdict']} | 0 |")
                 continue
             lines.append(
-                f"| {row['side']} | {row['output_throughput']:.2f} | {_fmt_ratio(row.get('output_throughput_ratio'))} | "
+                f"| {row['side']} | {row.get('input_tokens_sent', 'n/a')} | {row['output_throughput']:.2f} | "
+                f"{_fmt_ratio(row.get('output_throughput_ratio'))} | "
                 f"{_fmt(row['p99_ttft_ms'])} | {_fmt_ratio(row.get('p99_ttft_ms_ratio'))} | "
                 f"{_fmt(row['p99_tpot_ms'], 2)} | {_fmt_ratio(row.get('p99_tpot_ms_ratio'))} | "
                 f"{row['completed']}/{row['num_prompts']} ({row['completion_rate']:.0%}) | {row['verdict']} | "
@@ -908,6 +937,17 @@ def render_markdown(result: Dict[str, Any], png_note: str) -> str:
         lines.append(f"| {side['name']} | {sum(r['score'] for r in mine):.2f} | {passed}/{len(mine)} |")
     lines += ["", png_note, ""]
     return "\n".join(lines)
+
+
+def _client_text(result: Dict[str, Any]) -> str:
+    """Which client measured the sides (results before issue #18 came from our own client)."""
+    benches = [s.get("bench") or {} for s in result["sides"] if s.get("bench")]
+    if benches and all(b.get("tool") == "vllm bench serve" for b in benches):
+        warmup = (result["config"].get("bench") or {}).get("warmup_requests", serve_tiers.BenchConfig.warmup_requests)
+        return ("measured with `vllm bench serve` of the serving vLLM (random dataset: text prompts the server "
+                f"tokenizes again), {warmup} warm-up request(s) in a separate run of the tool and a seed per tier, "
+                "so no prompt reuses another's cached prefix")
+    return "measured with the project's own client (bench/serve_tiers.py before `vllm bench serve`): random token-id prompts, no prefix reuse"
 
 
 def result_workload(result: Dict[str, Any]) -> str:
@@ -1155,19 +1195,48 @@ def run_ab(config: AbConfig, only: Optional[List[str]] = None, merge_with: Optio
 
     config.resolved_work_dir().mkdir(parents=True, exist_ok=True)
     to_run = [i for i, side in enumerate(config.sides) if not only or side.name in only]
-    for count, i in enumerate(to_run, start=1):
+    lock = threading.Lock()
+    live: Dict[str, subprocess.Popen] = {}
+
+    def one_side(count: int, i: int) -> Dict[str, Any]:
         side = config.sides[i]
-        log(f"=== side {count}/{len(to_run)}: {side.name}")
+        log(f"=== side {count}/{len(to_run)}: {side.name}" + (f" (port {side_port(config, side)})" if config.parallel else ""))
         (config.resolved_work_dir() / side.name).mkdir(parents=True, exist_ok=True)
-        record = run_side(config, side)
+        record = run_side(config, side, live if config.parallel else None)
         record["measured"] = {k: this_run[k] for k in ("date", "host", "repo")}
-        records[i] = record
-        publish(with_png=False)  # partial results survive a crash
-        if record.get("interrupted"):
-            break
+        with lock:
+            records[i] = record
+            publish(with_png=False)  # partial results survive a crash
+        return record
+
+    if config.parallel:
+        _run_parallel([lambda count=count, i=i: one_side(count, i) for count, i in enumerate(to_run, start=1)],
+                      live, config.stop_grace_s)
+    else:
+        for count, i in enumerate(to_run, start=1):
+            if one_side(count, i).get("interrupted"):
+                break
     paths = publish(with_png=True)
     log(f"wrote {paths['json']}, {paths['md']}" + (f", {paths['png']}" if paths["png"].exists() else ""))
     return result
+
+
+def _run_parallel(jobs, live: Dict[str, subprocess.Popen], grace_s: float) -> None:
+    """Run the side jobs in threads. Ctrl-C / SIGTERM reach the main thread only: it stops every
+    live server, which makes each side's wait or workload fail and its thread finish."""
+    threads = [threading.Thread(target=job, daemon=True) for job in jobs]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(timeout=0.5)
+    except KeyboardInterrupt:
+        log("interrupted: stopping every side's server")
+        for proc in list(live.values()):
+            stop_server(proc, grace_s)
+        for thread in threads:
+            thread.join(timeout=grace_s + 30)
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -1190,7 +1259,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-len", type=int)
     p.add_argument("--num-prompts", type=int)
     p.add_argument("--max-concurrency", type=int)
-    p.add_argument("--vocab-limit", type=int)
+    p.add_argument("--warmup-requests", type=int, help="requests of the warm-up run of the tool (default 1)")
+    p.add_argument("--tokenizer", help="the tokenizer `vllm bench serve` builds prompts with (default: the model)")
     p.add_argument("--seed", type=int)
     p.add_argument("--log-pattern", action="append", metavar="NAME=REGEX", help="count matching server log lines")
     p.add_argument("--work-dir", help="server logs and per-side caches (default $TMPDIR/govinda-ab/<name>)")
@@ -1198,12 +1268,33 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-dir", help="where <name>.json/.md/.png go (default <repo>/reports)")
     p.add_argument("--keep-caches", action="store_true", help="reuse each side's caches from an earlier run")
     p.add_argument("--env-check-scope", choices=("tree", "leader"))
+    p.add_argument("--parallel", action="store_true",
+                   help="run all sides at once, side i on port PORT+i and GPU i (CUDA_VISIBLE_DEVICES=i unless set)")
     p.add_argument("--only", action="append", metavar="SIDE",
                    help="run only this side (repeatable); the other sides' records are kept from "
                         "<report-dir>/<name>.json or --merge-with")
     p.add_argument("--merge-with", metavar="JSON", help="earlier result whose other sides' records to keep")
-    p.add_argument("--report-only", metavar="JSON", help="rebuild md/png from an existing result JSON")
+    p.add_argument("--report-only", nargs="+", metavar="JSON",
+                   help="rebuild md/png from result JSON(s); the sides of later files are added to the first's "
+                        "(replacing sides of the same name): parts measured in separate device calls")
     return p
+
+
+def merge_results(results: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The first result with the sides and runs of the later ones (same name: the later record)."""
+    merged = dict(results[0])
+    sides = list(merged["sides"])
+    runs = list(merged.get("runs", []))
+    for other in results[1:]:
+        for record in other["sides"]:
+            names = [s["name"] for s in sides]
+            if record["name"] in names:
+                sides[names.index(record["name"])] = record
+            else:
+                sides.append(record)
+        runs += other.get("runs", [])
+    merged.update(sides=sides, runs=runs)
+    return merged
 
 
 def _exit_code(result: Dict[str, Any]) -> int:
@@ -1214,9 +1305,9 @@ def _exit_code(result: Dict[str, Any]) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_arg_parser().parse_args(argv)
     if args.report_only:
-        source = Path(args.report_only)
-        result = json.loads(source.read_text(encoding="utf-8"))
-        paths = write_reports(result, Path(args.report_dir) if args.report_dir else source.parent)
+        sources = [Path(path) for path in args.report_only]
+        result = merge_results([json.loads(path.read_text(encoding="utf-8")) for path in sources])
+        paths = write_reports(result, Path(args.report_dir) if args.report_dir else sources[0].parent)
         log(f"rebuilt {paths['md']}" + (f" and {paths['png']}" if paths["png"].exists() else ""))
         return _exit_code(result)
     config = build_config(args)

@@ -51,12 +51,16 @@ import json
 import math
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
+
+try:
+    from bench import openai_http
+except ImportError:  # run as a script: bench/ is on sys.path, the repo root may not be
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench import openai_http
 
 SCHEMA = "govinda.greedy/1"
 COMPARISON_SCHEMA = "govinda.greedy_comparison/1"
@@ -128,27 +132,6 @@ class GreedyConfig:
 
 # ----------------------------------------------------------------------------- client
 
-_NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never proxy localhost
-
-
-def _http_json(url: str, payload: Optional[Dict[str, Any]], timeout_s: float) -> Dict[str, Any]:
-    data = None if payload is None else json.dumps(payload).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with _NO_PROXY_OPENER.open(request, timeout=timeout_s) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        body = exc.read().decode(errors="replace")[:300]
-        raise RuntimeError(f"HTTP {exc.code} {exc.reason}: {body}") from None
-
-
-def discover_model(base_url: str, timeout_s: float = 30.0) -> str:
-    models = _http_json(base_url.rstrip("/") + "/v1/models", None, timeout_s).get("data") or []
-    if not models:
-        raise RuntimeError(f"{base_url}/v1/models lists no model")
-    return models[0]["id"]
-
-
 def _token_id(token: Any) -> Optional[int]:
     if isinstance(token, str) and token.startswith(TOKEN_ID_PREFIX):
         try:
@@ -197,7 +180,7 @@ def complete(config: GreedyConfig, model: str, index: int, prompt: str) -> Dict[
     record: Dict[str, Any] = {"index": index, "prompt": prompt, "error": ""}
     started = time.perf_counter()
     try:
-        payload = _http_json(config.base_url.rstrip("/") + config.endpoint, body, config.request_timeout_s)
+        payload = openai_http.http_json(config.base_url.rstrip("/") + config.endpoint, body, config.request_timeout_s)
         choices = payload.get("choices") or []
         if not choices:
             raise RuntimeError(f"no choices in the response: {json.dumps(payload)[:300]}")
@@ -213,7 +196,7 @@ def run(config: GreedyConfig) -> Dict[str, Any]:
     """Send every prompt (``repeats`` times); returns the result dict written by ``--out``."""
     config.validate()
     prompts = config.prompt_list()
-    model = config.model or discover_model(config.base_url, config.request_timeout_s)
+    model = config.model or openai_http.discover_model(config.base_url, config.request_timeout_s)
     passes: List[List[Dict[str, Any]]] = []
     for repeat in range(config.repeats):
         records = []
@@ -270,11 +253,8 @@ NEAR_TIE_NATS = 0.5
 
 
 def _text_corpus():
-    try:
-        from bench.accuracy import text_corpus
-    except ImportError:  # run as a script: bench/ is on sys.path, the repo root may not be
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from bench.accuracy import text_corpus
+    from bench.accuracy import text_corpus
+
     return text_corpus
 
 
@@ -329,7 +309,7 @@ def score_text(config: GreedyConfig, model: str, index: int, text: Dict[str, str
     record: Dict[str, Any] = {"index": index, "source": text["source"], "start": text["start"],
                               "sha256": text["sha256"], "error": ""}
     try:
-        payload = _http_json(config.base_url.rstrip("/") + config.endpoint, body, config.request_timeout_s)
+        payload = openai_http.http_json(config.base_url.rstrip("/") + config.endpoint, body, config.request_timeout_s)
         record.update(parse_prompt_logprobs((payload.get("choices") or [{}])[0]))
     except Exception as exc:  # a failed text is reported, never silently dropped
         record["error"] = f"{type(exc).__name__}: {exc}"

@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """A small fake of vLLM's OpenAI-compatible server for CPU tests of the benchmark tools.
 
-Serves ``/health``, ``/v1/models`` and streaming ``/v1/completions`` (one SSE chunk per token,
-a final usage chunk when ``stream_options.include_usage`` is set, then ``[DONE]``), with a
-configurable time to first token and per-token delay. Failure injection: every Nth completion
-request (counted from 1, warm-ups included) answers HTTP 500 (``--fail-every``) or streams only
-half of its tokens (``--short-every``). Debug endpoints let a test see what the server saw:
-``/debug/env`` (its environment, ``GOVINDA_*`` and the compile-cache variables) and
-``/debug/requests`` (per request: prompt length, first ids, max id, max_tokens, ignore_eos).
+Serves ``/health``, ``/v1/models`` (``id`` and ``root``, as ``vllm bench serve`` reads them) and
+streaming ``/v1/completions`` (one SSE chunk per token, a final usage chunk when
+``stream_options.include_usage`` is set, then ``[DONE]``), with a configurable time to first token
+and per-token delay. Streamed prompts may be token ids or text (what ``vllm bench serve``'s random
+dataset sends); text is counted with ``--tokenizer DIR`` (loaded as the real server loads it),
+else by whitespace, and the count is the usage's ``prompt_tokens``. Failure
+injection: every Nth completion request (counted from 1, warm-ups included) answers HTTP 500
+(``--fail-every``) or streams only half of its tokens (``--short-every``). Debug endpoints let a
+test see what the server saw: ``/debug/env`` (its environment, ``GOVINDA_*`` and the compile-cache
+variables) and ``/debug/requests`` (per request: prompt kind and length, its head, max_tokens,
+ignore_eos, stream options); ``--request-log FILE`` also appends each record as a JSON line, for
+tests that look after the server has stopped.
 
 Text prompts (``"prompt": "..."``, non-streaming) get a deterministic "greedy" continuation for
 bench/greedy_agreement.py: token ids derived from a CRC of the prompt, text ``" w<id>"`` per token,
@@ -88,14 +93,35 @@ def greedy_continuation(prompt: str, max_tokens: int, diverge_at, stop_after):
     return ids, finish, margins
 
 
+def load_tokenizer(directory):
+    """Token counting for text prompts: the model directory's tokenizer as vLLM's server loads it
+    (transformers' AutoTokenizer: transformers 5 replaces the pre-tokenizer of tokenizer.json with
+    the model class's own, so the file alone would count differently), or whitespace."""
+    if not directory:
+        return lambda text: text.split()
+    from transformers import AutoTokenizer  # a vLLM dependency
+
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    return lambda text: tokenizer.encode(text, add_special_tokens=True)
+
+
 def build_app(args: argparse.Namespace) -> web.Application:
     state = {"count": 0, "requests": []}
+    count_tokens = load_tokenizer(args.tokenizer)
+
+    def remember(record) -> None:
+        state["requests"].append(record)
+        if args.request_log:
+            with open(args.request_log, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
 
     async def health(_request: web.Request) -> web.Response:
         return web.Response(text="")
 
     async def models(_request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": args.model, "object": "model"}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": args.model, "object": "model", "root": args.model_root or args.model}]}
+        )
 
     async def debug_env(_request: web.Request) -> web.Response:
         env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or k in ENV_KEYS}
@@ -111,22 +137,28 @@ def build_app(args: argparse.Namespace) -> web.Application:
         prompt = body.get("prompt")
         if isinstance(prompt, str) and not body.get("stream"):
             return greedy_response(number, body)
-        if not isinstance(prompt, list) or not all(isinstance(x, int) for x in prompt):
-            return web.json_response({"error": "this fake only takes token-id prompts"}, status=400)
+        if isinstance(prompt, str):
+            prompt_ids = count_tokens(prompt)
+            record = {"prompt_kind": "text", "prompt_head": prompt[:64]}
+        elif isinstance(prompt, list) and all(isinstance(x, int) for x in prompt):
+            prompt_ids = prompt
+            record = {"prompt_kind": "ids", "first_ids": prompt[:4],
+                      "max_id": max(prompt) if prompt else None, "min_id": min(prompt) if prompt else None}
+        else:
+            return web.json_response({"error": "prompt must be text or a list of token ids"}, status=400)
         max_tokens = int(body.get("max_tokens", 16))
-        state["requests"].append(
-            {
-                "number": number,
-                "prompt_len": len(prompt),
-                "first_ids": prompt[:4],
-                "max_id": max(prompt) if prompt else None,
-                "min_id": min(prompt) if prompt else None,
-                "max_tokens": max_tokens,
-                "ignore_eos": body.get("ignore_eos"),
-                "stream": body.get("stream"),
-            }
+        failed = bool(args.fail_every and number % args.fail_every == 0)
+        record.update(
+            number=number,
+            prompt_len=len(prompt_ids),
+            max_tokens=max_tokens,
+            ignore_eos=body.get("ignore_eos"),
+            stream=body.get("stream"),
+            include_usage=(body.get("stream_options") or {}).get("include_usage"),
+            injected_failure=failed,
         )
-        if args.fail_every and number % args.fail_every == 0:
+        remember(record)
+        if failed:
             return web.json_response({"error": "injected failure"}, status=500)
         tokens = max_tokens // 2 if args.short_every and number % args.short_every == 0 else max_tokens
 
@@ -138,7 +170,7 @@ def build_app(args: argparse.Namespace) -> web.Application:
             data = payload if isinstance(payload, str) else json.dumps(payload)
             await response.write(f"data: {data}\n\n".encode())
 
-        await asyncio.sleep(args.ttft + args.ttft_per_token * len(prompt))
+        await asyncio.sleep(args.ttft + args.ttft_per_token * len(prompt_ids))
         for i in range(tokens):
             if i:
                 await asyncio.sleep(args.token_delay)
@@ -166,9 +198,9 @@ def build_app(args: argparse.Namespace) -> web.Application:
                     "model": args.model,
                     "choices": [],
                     "usage": {
-                        "prompt_tokens": len(prompt),
+                        "prompt_tokens": len(prompt_ids),
                         "completion_tokens": tokens,
-                        "total_tokens": len(prompt) + tokens,
+                        "total_tokens": len(prompt_ids) + tokens,
                     },
                 }
             )
@@ -182,7 +214,7 @@ def build_app(args: argparse.Namespace) -> web.Application:
     def greedy_response(number: int, body) -> web.Response:
         prompt = body["prompt"]
         max_tokens = int(body.get("max_tokens", 16))
-        state["requests"].append(
+        remember(
             {
                 "number": number,
                 "prompt": prompt,
@@ -263,6 +295,10 @@ def main(argv=None) -> None:
     p.add_argument("--greedy-stop", action="append", metavar="SUB=LEN",
                    help="text prompts containing SUB: EOS after LEN tokens")
     p.add_argument("--no-token-ids", action="store_true", help="ignore return_token_ids (ids only via logprobs)")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="count text prompts with the tokenizer in DIR (default: whitespace words)")
+    p.add_argument("--model-root", default=None, help="/v1/models root (default: the model name)")
+    p.add_argument("--request-log", default=None, metavar="FILE", help="append every request record as a JSON line")
     p.add_argument("--flip-prompt-every", type=int, default=0, metavar="N",
                    help="prompt_logprobs: another token leads at every Nth position")
     args, unknown = p.parse_known_args(argv)

@@ -18,26 +18,27 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # also runs without PYTHONPATH=<repo>
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench import ab, serve_tiers  # noqa: E402
+from bench import ab, openai_http, serve_tiers  # noqa: E402
 
 FAKE_SERVER = REPO_ROOT / "tests" / "fake_openai_server.py"
+# The synthetic Qwen3.5-shape tokenizer (8192 byte-level BPE tokens) `vllm bench serve` builds prompts with.
+TOKENIZER = REPO_ROOT / "tests" / "models" / "qwen3_5-27b-shape"
 PYTHON = sys.executable
 
-# Field names that `vllm bench serve --save-result --save-detailed` writes (vllm/benchmarks/serve.py).
+# Field names that `vllm bench serve --save-result --save-detailed` writes (vllm/benchmarks/serve.py,
+# 0.18.1 and 0.26).
 VLLM_RESULT_FIELDS = {
     "date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
     "request_rate", "burstiness", "max_concurrency", "duration", "completed", "failed",
     "total_input_tokens", "total_output_tokens", "request_throughput", "request_goodput",
     "output_throughput", "total_token_throughput", "input_lens", "output_lens", "ttfts", "itls",
     "start_times", "generated_texts", "errors", "max_output_tokens_per_s", "max_concurrent_requests",
-    "rtfx",
 } | {
     f"{stat_}_{metric}_ms"
     for stat_ in ("mean", "median", "std", "p50", "p90", "p99")
@@ -61,7 +62,7 @@ def wait_for_health(port: int, proc: subprocess.Popen, timeout_s: float = 20.0) 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert proc.poll() is None, "fake server exited during start-up"
-        if ab.health_ok("127.0.0.1", port):
+        if openai_http.health_ok("127.0.0.1", port):
             return
         time.sleep(0.1)
     raise AssertionError("fake server did not answer /health")
@@ -99,126 +100,79 @@ def fake_server_factory():
         server.stop()
 
 
-def linear_percentile(values, q):
-    """Independent linear-interpolation percentile (numpy's default method)."""
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+def read_request_log(path: Path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def shared_heads(prompt_heads, chars: int = 32) -> int:
+    """How many prompts start like another one (a shared first KV block would be a cache hit)."""
+    heads = [h[:chars] for h in prompt_heads]
+    return len(heads) - len(set(heads))
 
 
 # ----------------------------------------------------------------------------- serve_tiers
 
 
-def test_tier_metrics_follow_vllm_formulas():
-    config = serve_tiers.BenchConfig(output_len=5, percentiles=[50.0, 90.0, 99.0])
-    results = []
-    for i, (ttft, gap) in enumerate([(0.10, 0.020), (0.30, 0.025), (0.20, 0.030), (0.25, 0.010)]):
-        r = serve_tiers.RequestResult(prompt_len=100, requested_output_len=5)
-        r.success, r.ttft, r.itl, r.output_tokens = True, ttft, [gap] * 4, 5
-        r.latency, r.start_time = ttft + 4 * gap, float(i)
-        results.append(r)
-    failed = serve_tiers.RequestResult(prompt_len=100, requested_output_len=5, error="HTTP 500")
-    results.append(failed)
-
-    tier = serve_tiers.summarize_tier(results, duration_s=4.0, input_len=100, config=config, model="m")
-
-    ok = results[:4]
-    tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok]
-    assert tier["completed"] == 4 and tier["failed"] == 1
-    assert tier["completion_rate"] == pytest.approx(0.8)
-    assert tier["output_lens"] == [5, 5, 5, 5, 0]
-    assert tier["total_output_tokens"] == 20
-    assert tier["total_input_tokens"] == 400
-    assert tier["output_throughput"] == pytest.approx(20 / 4.0)
-    assert tier["request_throughput"] == pytest.approx(4 / 4.0)
-    assert tier["tpots"][:4] == pytest.approx(tpots)
-    assert tier["tpots"][4] is None
-    assert tier["mean_ttft_ms"] == pytest.approx(1000 * sum(r.ttft for r in ok) / 4)
-    assert tier["median_ttft_ms"] == pytest.approx(1000 * linear_percentile([r.ttft for r in ok], 50))
-    for q in (50, 90, 99):
-        assert tier[f"p{q}_ttft_ms"] == pytest.approx(1000 * linear_percentile([r.ttft for r in ok], q))
-        assert tier[f"p{q}_tpot_ms"] == pytest.approx(1000 * linear_percentile(tpots, q))
-        assert tier[f"p{q}_e2el_ms"] == pytest.approx(1000 * linear_percentile([r.latency for r in ok], q))
-    all_itls = [x for r in ok for x in r.itl]
-    assert tier["p99_itl_ms"] == pytest.approx(1000 * linear_percentile(all_itls, 99))
-    assert tier["std_itl_ms"] == pytest.approx(1000 * float(np.std(all_itls)))
-    assert VLLM_RESULT_FIELDS <= set(tier)
-
-
-def test_prompts_are_distinct_bounded_and_reproducible():
-    prompts = [serve_tiers.make_prompt(g, 64, seed=3, vocab_floor=100, vocab_limit=8000) for g in range(500)]
-    assert all(len(p) == 64 for p in prompts)
-    assert all(100 <= x < 8000 for p in prompts for x in p)
-    # The first two ids spell the request index, so no two prompts share a first KV block.
-    assert len({tuple(p[:2]) for p in prompts}) == len(prompts)
-    assert serve_tiers.make_prompt(7, 64, 3, 100, 8000) == prompts[7]
-    assert serve_tiers.make_prompt(7, 64, 4, 100, 8000) != prompts[7]
-
-
-def test_client_measures_fake_server_delays(fake_server_factory, tmp_path):
-    ttft_s, token_delay_s, output_len = 0.08, 0.02, 6
-    server = fake_server_factory("--ttft", str(ttft_s), "--token-delay", str(token_delay_s))
+def test_serve_tiers_runs_vllm_bench_serve(fake_server_factory, tmp_path):
+    """The installed vLLM's own client against the fake: what it sends, and what we keep."""
+    ttft_s, token_delay_s, output_len = 0.08, 0.02, 5
+    request_log = tmp_path / "requests.jsonl"
+    server = fake_server_factory("--ttft", str(ttft_s), "--token-delay", str(token_delay_s),
+                                 "--tokenizer", str(TOKENIZER), "--request-log", str(request_log))
     result_file = tmp_path / "result.json"
     code = serve_tiers.main([
-        "--base-url", server.base_url, "--input-lens", "32,48", "--output-len", str(output_len),
-        "--num-prompts", "3", "--vocab-limit", "500", "--vocab-floor", "10",
+        "--base-url", server.base_url, "--tokenizer", str(TOKENIZER), "--input-lens", "48,80",
+        "--output-len", str(output_len), "--num-prompts", "2", "--work-dir", str(tmp_path / "work"),
         "--result-file", str(result_file), "--quiet",
     ])
     assert code == 0
     result = json.loads(result_file.read_text())
-    assert result["model_id"] == "fake-model"
-    assert len(result["warmup"]) == 1 and result["warmup"][0]["success"]
-    assert [t["requested_input_len"] for t in result["tiers"]] == [32, 48]
-    for tier in result["tiers"]:
+    assert result["tool"] == "vllm bench serve" and result["warmup"]["returncode"] == 0
+    seen = read_request_log(request_log)
+    # One warm-up request (its own run of the tool), then two per tier; every one is the random
+    # dataset's text prompt, streamed with usage, ignore_eos and the requested output length.
+    assert len(seen) == 1 + 2 + 2
+    assert all(r["prompt_kind"] == "text" and r["stream"] and r["include_usage"] for r in seen)
+    assert all(r["ignore_eos"] is True and r["max_tokens"] == output_len for r in seen)
+    assert seen[0]["prompt_len"] == 48  # the warm-up runs at the first tier's length
+    # No prompt starts like another: the warm-up is not the first measured prompt, tiers differ.
+    assert shared_heads([r["prompt_head"] for r in seen]) == 0
+
+    measured = seen[1:]
+    for k, tier in enumerate(result["tiers"]):
+        mine = measured[2 * k:2 * k + 2]
+        assert tier["requested_input_len"] == (48, 80)[k] and tier["seed"] == 1 + k
         assert VLLM_RESULT_FIELDS <= set(tier)
-        assert tier["completed"] == 3 and tier["failed"] == 0 and tier["completion_rate"] == 1.0
-        assert tier["output_lens"] == [output_len] * 3
-        assert tier["total_output_tokens"] == 3 * output_len
-        assert tier["input_lens"] == [tier["requested_input_len"]] * 3
+        assert tier["completed"] == 2 and tier["failed"] == 0 and tier["completion_rate"] == 1.0
+        # What the tool reports as sent is what the server counted with the same tokenizer.
+        assert tier["input_lens"] == [r["prompt_len"] for r in mine]
+        assert all(abs(n - tier["requested_input_len"]) <= 2 for n in tier["input_lens"])
+        assert tier["output_lens"] == [output_len, output_len]
         assert all(len(itl) == output_len - 1 for itl in tier["itls"])
-        for ttft in tier["ttfts"]:
-            assert ttft_s <= ttft < ttft_s + 1.0
-        for tpot, ttft, e2el, itl in zip(tier["tpots"], tier["ttfts"], tier["e2els"], tier["itls"]):
-            # Generous: client-side scheduling can shift when the first chunk is read.
-            assert 0.5 * token_delay_s <= tpot < token_delay_s + 0.5
-            assert sum(itl) == pytest.approx(e2el - ttft)
-            assert tpot == pytest.approx((e2el - ttft) / (output_len - 1))
-        assert tier["mean_ttft_ms"] == pytest.approx(1000 * float(np.mean(tier["ttfts"])))
-        assert tier["p99_ttft_ms"] == pytest.approx(1000 * linear_percentile(tier["ttfts"], 99))
-        assert tier["output_throughput"] == pytest.approx(tier["total_output_tokens"] / tier["duration"])
-        # One request at a time: the tier lasts at least the sum of its requests' latencies.
-        assert tier["duration"] >= sum(tier["e2els"])
-
-    seen = server.requests()
-    assert len(seen) == 1 + 6  # warm-up + two tiers of three
-    assert all(r["ignore_eos"] is True and r["stream"] is True for r in seen)
-    assert all(r["max_tokens"] == output_len for r in seen)
-    assert all(10 <= r["min_id"] and r["max_id"] < 500 for r in seen)
-    assert len({tuple(r["first_ids"][:2]) for r in seen}) == len(seen)
+        assert all(ttft_s <= t < ttft_s + 5.0 for t in tier["ttfts"])
+        assert tier["p99_tpot_ms"] >= 0.5 * token_delay_s * 1000
+        assert tier["bench_serve"]["returncode"] == 0
+        command = tier["bench_serve"]["command"]
+        for flag in ("--ignore-eos", "--save-result", "--save-detailed"):
+            assert flag in command
+        assert command[command.index("--max-concurrency") + 1] == "1"
+        assert command[command.index("--dataset-name") + 1] == "random"
+    summary = serve_tiers.format_summary(result)
+    assert " 48 " in summary and " 80 " in summary
 
 
-def test_client_counts_failed_and_short_requests(fake_server_factory):
-    server = fake_server_factory("--ttft", "0.001", "--token-delay", "0.001", "--fail-every", "3", "--short-every", "4")
+def test_serve_tiers_records_a_failed_tool_run(tmp_path):
     config = serve_tiers.BenchConfig(
-        base_url=server.base_url, input_lens=[16], output_len=4, num_prompts=6, warmup_requests=0, progress=False
+        tokenizer=str(TOKENIZER), input_lens=[16], num_prompts=2, warmup_requests=0, progress=False,
+        vllm_command=[PYTHON, "-c", "import sys; print('no such tool'); sys.exit(3)"], work_dir=str(tmp_path),
     )
-    tier = serve_tiers.run(config)["tiers"][0]
-    # Requests 3 and 6 get HTTP 500, request 4 returns 2 of 4 tokens.
-    assert tier["completed"] == 3 and tier["failed"] == 3
-    assert tier["completion_rate"] == pytest.approx(0.5)
-    assert tier["successes"] == [True, True, False, False, True, False]
-    assert "HTTP 500" in tier["errors"][2] and "HTTP 500" in tier["errors"][5]
-    assert "short output" in tier["errors"][3]
-    assert tier["output_lens"] == [4, 4, 0, 0, 4, 0]
-    assert tier["total_output_tokens"] == 12
-
-    config.allow_short_output = True
-    tier = serve_tiers.run(config)["tiers"][0]  # the server's counter continues at 7
-    # Requests 7-12: 9 and 12 get HTTP 500; 8 is short, which now counts with its 2 tokens.
-    assert tier["successes"] == [True, True, False, True, True, False]
-    assert tier["output_lens"] == [4, 2, 0, 4, 4, 0]
+    (tier,) = serve_tiers.run(config)["tiers"]
+    assert tier["completed"] == 0 and tier["completion_rate"] == 0.0
+    assert "exit code 3" in tier["error"] and "no such tool" in tier["error"]
+    result = {"config": {"sla_factor": 1.5, "min_completion": 0.99}, "baseline": "a",
+              "sides": [{"name": "a", "status": "ok", "bench": {"tiers": [tier]}}]}
+    (row,) = ab.tier_rows(result)["16"]
+    assert row["verdict"].startswith("ERROR: vllm bench serve exit code 3") and row["score"] == 0.0
 
 
 # ----------------------------------------------------------------------------- ab: env checks
@@ -335,20 +289,25 @@ def _sides_file(tmp_path: Path, data) -> str:
 
 
 def test_ab_two_sides_caches_log_counts_sla_and_report(tmp_path):
-    launcher = _launcher(tmp_path, "serve.sh", f'exec "{PYTHON}" "{FAKE_SERVER}" --token-delay 0.002 "$@"\n')
+    launcher = _launcher(tmp_path, "serve.sh",
+                         f'exec "{PYTHON}" "{FAKE_SERVER}" --token-delay 0.002 --tokenizer "{TOKENIZER}" "$@"\n')
+    logs = {name: tmp_path / f"{name}.requests.jsonl" for name in ("baseline", "govinda")}
     sides = _sides_file(tmp_path, {
         "name": "abtest",
         "model": "fake-model",
         "server_command": launcher,
         "health_timeout_s": 30,
         "stop_grace_s": 5,
-        "bench": {"input_lens": [32], "output_len": 4, "num_prompts": 2},
+        "bench": {"input_lens": [32], "output_len": 4, "num_prompts": 2, "warmup_requests": 0,
+                  "tokenizer": str(TOKENIZER)},
         "log_patterns": {"govinda_status": "govinda:"},
         "sides": [
-            {"name": "baseline", "env": {"GOVINDA_DISABLE": 1}, "server_args": ["--ttft", "0.005"],
+            {"name": "baseline", "env": {"GOVINDA_DISABLE": 1},
+             "server_args": ["--ttft", "0.005", "--request-log", str(logs["baseline"])],
              "log_patterns": {"govinda_status": {"regex": "govinda:", "max": 0}}},
+            # 100x the baseline's TTFT, and every second request fails.
             {"name": "govinda", "env": {"GOVINDA_DISABLE": 0, "GOVINDA_PATCHES_FILE": "p.yaml"},
-             "server_args": ["--ttft", "0.5"],
+             "server_args": ["--ttft", "0.5", "--fail-every", "2", "--request-log", str(logs["govinda"])],
              "log_patterns": {"govinda_status": {"regex": "govinda:", "min": 1}}},
         ],
     })
@@ -374,21 +333,38 @@ def test_ab_two_sides_caches_log_counts_sla_and_report(tmp_path):
     # Counters the (fake) overlay wrote into the side's own GOVINDA_CACHE_DIR.
     assert base["govinda_counters"]["total"] == {}
     assert gov["govinda_counters"]["total"] == {"fake_decode": 1}
+    # Each side was measured by `vllm bench serve`; the tier record is the JSON it saved.
+    prompts = {}
     for side in (base, gov):
         tier = side["bench"]["tiers"][0]
+        assert side["bench"]["tool"] == "vllm bench serve" and tier["label"] == side["name"]
         assert VLLM_RESULT_FIELDS <= set(tier)
-        assert tier["completed"] == 2 and tier["output_lens"] == [4, 4]
+        saved = json.loads(Path(tier["bench_serve"]["result_file"]).read_text())
+        assert {k: tier[k] for k in saved} == saved
+        seen = read_request_log(logs[side["name"]])
+        assert tier["input_lens"] == [r["prompt_len"] for r in seen]  # failed requests included
+        prompts[side["name"]] = [r["prompt_head"] for r in seen]
+    assert base["bench"]["tiers"][0]["completed"] == 2 and base["bench"]["tiers"][0]["output_lens"] == [4, 4]
+    gov_tier = gov["bench"]["tiers"][0]
+    assert gov_tier["completed"] == 1 and gov_tier["failed"] == 1 and gov_tier["completion_rate"] == 0.5
+    assert gov_tier["output_lens"] == [4, 0]
+    # Same seed, same tokenizer: both sides got the same prompts.
+    assert prompts["baseline"] == prompts["govinda"]
 
-    # The govinda side's configured TTFT is 100x the baseline's: its TTFT P99 breaks the 1.5x SLA.
+    # The tool's TTFT P99 of the govinda side breaks the 1.5x SLA, and half its requests failed.
     rows = {row["side"]: row for row in result["sla"]["32"]}
     assert rows["baseline"]["verdict"] == "PASS" and rows["baseline"]["score"] > 0
+    assert rows["baseline"]["p99_ttft_ms"] == base["bench"]["tiers"][0]["p99_ttft_ms"]
     assert rows["govinda"]["verdict"].startswith("FAIL") and "TTFT" in rows["govinda"]["verdict"]
+    assert "completion 50.0%" in rows["govinda"]["verdict"]
     assert rows["govinda"]["score"] == 0.0
     assert rows["govinda"]["p99_ttft_ms_ratio"] > 1.5
+    assert rows["baseline"]["input_tokens_sent"] == serve_tiers.input_len_range(base["bench"]["tiers"][0])
 
     md_path = tmp_path / "reports" / "abtest.md"
     md = md_path.read_text()
-    assert "## Input 32 tokens" in md and "| baseline | ok |" in md and "FAIL: TTFT P99" in md
+    assert "## Input 32 tokens" in md and "| baseline | ok |" in md and "FAIL: completion 50.0% < 99%; TTFT P99" in md
+    assert "measured with `vllm bench serve`" in md
     assert "- govinda: fake_decode=1" in md
     png = tmp_path / "reports" / "abtest.png"
     try:
@@ -416,7 +392,8 @@ def test_ab_refuses_side_whose_server_env_differs(tmp_path):
         "--side", "clean", "GOVINDA_DISABLE=1",
         "--side", "patched", "GOVINDA_DISABLE=0", "GOVINDA_PATCHES_FILE=p.yaml",
         "--name", "refusal", "--model", "fake-model", "--port", str(port), "--server-cmd", launcher,
-        "--input-lens", "16", "--output-len", "2", "--num-prompts", "1", "--health-timeout", "30",
+        "--input-lens", "16", "--output-len", "2", "--num-prompts", "1", "--warmup-requests", "0",
+        "--tokenizer", str(TOKENIZER), "--health-timeout", "30",
         "--stop-grace", "5", "--work-dir", str(tmp_path / "work"), "--report-dir", str(tmp_path / "reports"),
     ])
     assert code == 2
@@ -434,10 +411,11 @@ def test_ab_refuses_side_whose_server_env_differs(tmp_path):
 
 
 def test_ab_only_runs_one_side_and_keeps_the_others(tmp_path):
-    launcher = _launcher(tmp_path, "serve.sh", f'exec "{PYTHON}" "{FAKE_SERVER}" --ttft 0.001 --token-delay 0.001 "$@"\n')
+    # The greedy workload: what is tested here is the runner's bookkeeping, not the tool.
+    launcher = _launcher(tmp_path, "serve.sh", f'exec "{PYTHON}" "{FAKE_SERVER}" "$@"\n')
     common = ["--side", "a", "GOVINDA_DISABLE=1", "--side", "b", "GOVINDA_DISABLE=0", "--name", "split",
-              "--model", "fake-model", "--server-cmd", launcher, "--input-lens", "16", "--output-len", "2",
-              "--num-prompts", "1", "--stop-grace", "5", "--work-dir", str(tmp_path / "work")]
+              "--model", "fake-model", "--server-cmd", launcher, "--workload", "greedy", "--stop-grace", "5",
+              "--work-dir", str(tmp_path / "work")]
     first = tmp_path / "first"
     assert ab.main(common + ["--port", str(free_port()), "--report-dir", str(first), "--only", "a",
                              "--log-dir", str(first / "logs")]) == 0
@@ -454,17 +432,62 @@ def test_ab_only_runs_one_side_and_keeps_the_others(tmp_path):
     assert merged["sides"][1]["server_args"] == ["--ttft", "0.002"]
     assert merged["sides"][0] == partial["sides"][0]  # side a's record is carried over untouched
     assert [run["sides"] for run in merged["runs"]] == [["a"], ["b"]]
-    assert {row["side"]: row["verdict"] for row in merged["sla"]["16"]}["a"] == "PASS"
+    (row,) = merged["agreement"]
+    assert row["side"] == "b" and row["baseline"] == "a" and row["identical"] == row["prompts"] > 0
+
+    # The same report from the two files of separate calls (the second one alone, here: b only).
+    alone = tmp_path / "alone"
+    assert ab.main(common + ["--port", str(free_port()), "--report-dir", str(alone), "--only", "b"]) == 0
+    rebuilt = tmp_path / "rebuilt"
+    assert ab.main(["--report-only", str(first / "split.json"), str(alone / "split.json"),
+                    "--report-dir", str(rebuilt)]) == 0
+    joined = json.loads((rebuilt / "split.json").read_text())
+    assert [s["name"] for s in joined["sides"]] == ["a", "b"] and joined["sides"][0] == partial["sides"][0]
+    assert [run["sides"] for run in joined["runs"]] == [["a"], ["b"]]
+    assert joined["agreement"][0]["identical"] == row["identical"]
+
+
+def test_ab_parallel_runs_every_side_at_once_on_its_own_port_and_gpu(tmp_path):
+    # Side a's launcher waits until side b's has started: only a parallel run gets both up.
+    marker = tmp_path / "b-started"
+    launcher = _launcher(tmp_path, "serve.sh", f"""\
+        if [ "$CUDA_VISIBLE_DEVICES" = 0 ]; then
+            i=0; until [ -e "{marker}" ]; do i=$((i+1)); [ $i -gt 200 ] && exit 7; sleep 0.1; done
+        else
+            touch "{marker}"
+        fi
+        exec "{PYTHON}" "{FAKE_SERVER}" "$@"
+    """)
+    port = free_port()
+    code = ab.main(["--side", "a", "GOVINDA_DISABLE=1", "--side", "b", "GOVINDA_DISABLE=0", "--parallel",
+                    "--name", "par", "--model", "fake-model", "--server-cmd", launcher, "--workload", "greedy",
+                    "--port", str(port), "--stop-grace", "5", "--health-timeout", "30",
+                    "--work-dir", str(tmp_path / "work"), "--report-dir", str(tmp_path / "reports")])
+    assert code == 0
+    result = json.loads((tmp_path / "reports" / "par.json").read_text())
+    a, b = result["sides"]
+    assert a["status"] == b["status"] == "ok"
+    assert a["command"][-2:] == ["fake-model", str(port)] and b["command"][-2:] == ["fake-model", str(port + 1)]
+    # The GPU assignment is a side variable like any other: declared, set and verified.
+    for side, gpu in ((a, "0"), (b, "1")):
+        assert side["env"]["CUDA_VISIBLE_DEVICES"] == gpu
+        assert all(p["observed"]["CUDA_VISIBLE_DEVICES"] == gpu for p in side["env_check"]["processes"])
+    assert result["agreement"][0]["identical"] == result["agreement"][0]["prompts"] > 0
+    assert "the sides ran at the same time" in (tmp_path / "reports" / "par.md").read_text()
+    with pytest.raises(ValueError, match="distinct ports"):
+        ab.build_config(ab.build_arg_parser().parse_args(
+            ["--sides", _sides_file(tmp_path, {"model": "m", "parallel": True, "port": 9000,
+                                               "sides": [{"name": "x", "port": 9001}, {"name": "y"}]})]))
 
 
 def test_ab_through_start_vllm_bench_script(tmp_path):
     """The locked bench script: only --port/--max-model-len reach the server, caches are kept."""
-    fake_cmd = f"{PYTHON} {FAKE_SERVER} --ttft 0.001 --token-delay 0.001"
+    fake_cmd = f"{PYTHON} {FAKE_SERVER}"
     sides = _sides_file(tmp_path, {
         "name": "script",
         "model": "fake-model",
         "env": {"GOVINDA_VLLM_CMD": fake_cmd},
-        "bench": {"input_lens": [16], "output_len": 2, "num_prompts": 1},
+        "bench": {"workload": "greedy", "prompts": ["one", "two"]},
         "health_timeout_s": 30,
         "stop_grace_s": 5,
         "sides": [{"name": "off", "env": {"GOVINDA_DISABLE": "1"}}, {"name": "on", "env": {"GOVINDA_DISABLE": "0"}}],
@@ -481,6 +504,34 @@ def test_ab_through_start_vllm_bench_script(tmp_path):
         assert proc["observed"]["VLLM_CACHE_ROOT"] == side["cache_dirs"]["VLLM_CACHE_ROOT"]
         log = Path(side["log_path"]).read_text()
         assert "ignoring flags ['--max-model-len', '32768']" in log
+
+
+def test_h200_bench_serve_sides_file(tmp_path):
+    """The 64-layer A/B through `vllm bench serve`: three sides, and log patterns that prove each
+    side's attention backend, checked against the committed H200 server logs."""
+    path = REPO_ROOT / "scripts" / "h200" / "ab_qwen35_64layer_bench_serve.yaml"
+    config = ab.build_config(ab.build_arg_parser().parse_args(["--sides", str(path)]))
+    assert config.workload() == "tiers" and config.baseline_name() == "triton_bf16"
+    assert [s.name for s in config.sides] == ["triton_bf16", "govinda", "fa3_bf16"]
+    assert config.bench["input_lens"] == [6144, 12288, 24576] and config.bench["output_len"] == 256
+    assert serve_tiers.BenchConfig(tokenizer=config.model, **config.bench).max_concurrency == 1
+    assert [s.env for s in config.sides] == [{"GOVINDA_DISABLE": "1"}, {"GOVINDA_DISABLE": "0"}, {"GOVINDA_DISABLE": "1"}]
+    assert [s.server_args for s in config.sides] == [["--attention-backend", "TRITON_ATTN"], [], []]
+    logs = REPO_ROOT / "reports" / "h200"
+    triton, govinda, fa3 = config.sides
+    counts = ab.count_log_patterns(logs / "serve64_triton_bf16.log", triton.log_patterns)
+    assert all(c["ok"] for c in counts.values()), counts
+    counts = ab.count_log_patterns(logs / "serve64_govinda.log", govinda.log_patterns)
+    assert all(c["ok"] for c in counts.values()), counts
+    # The stock logs also name FLASH_ATTN (for vit attention): that must not pass for the FA3 side.
+    for log in ("serve64_triton_bf16.log", "serve64_govinda.log"):
+        assert ab.count_log_patterns(logs / log, fa3.log_patterns)["attention_backend"]["count"] == 0
+    # vLLM's line when it picks the backend itself, as the overlay's log shows it for CUSTOM.
+    chosen = [line.replace("CUSTOM", "FLASH_ATTN") for line in (logs / "serve64_govinda.log").read_text().splitlines()
+              if "Using CUSTOM attention backend" in line]
+    assert chosen
+    (tmp_path / "fa3.log").write_text("\n".join(chosen))
+    assert ab.count_log_patterns(tmp_path / "fa3.log", fa3.log_patterns)["attention_backend"]["ok"]
 
 
 # ----------------------------------------------------------------------------- start scripts

@@ -1,0 +1,38 @@
+#!/bin/sh
+# One device call of the 64-layer A/B measured with `vllm bench serve`
+# (scripts/h200/ab_qwen35_64layer_bench_serve.yaml). It leaves the report (json/md/png), the
+# server logs and the tool check in $OUT. From the checkout's root on the H200 (the repo root, or
+# a copy of it under .dev/NAME):
+#   sh scripts/h200/ab_bench_serve.sh --parallel        all three sides at once, one GPU each
+#                                                       (nvidia-h200-x4; ~6 min)
+#   sh scripts/h200/ab_bench_serve.sh SIDE [SIDE ...]   the named sides one after another on one
+#                                                       GPU (~5.5 min each: one side per call)
+# Join one-side calls' JSONs afterwards with bench/ab.py --report-only (see the sides file).
+set -eu
+[ "$#" -gt 0 ] || { echo "usage: $0 --parallel | SIDE [SIDE ...] (triton_bf16, govinda, fa3_bf16)" >&2; exit 2; }
+OUT_DIR=${OUT:-/tmp/ab-bench-serve}
+mkdir -p "$OUT_DIR"
+. scripts/h200/env.sh
+
+# The carried bundle's models: at the root, or two levels up from a .dev/NAME copy.
+model=""
+for dir in .device ../../.device; do
+    [ -d "$dir/models/qwen3_5-27b-shape" ] && { model="$dir/models/qwen3_5-27b-shape"; break; }
+done
+[ -n "$model" ] || { echo "no .device/models/qwen3_5-27b-shape here or in ../.." >&2; exit 1; }
+
+# A client that cannot start would cost a ~230 s server start-up first: check it now.
+python3 -m vllm.entrypoints.cli.main bench serve --help > "$OUT_DIR/bench_serve_check.log" 2>&1 \
+    || { tail -20 "$OUT_DIR/bench_serve_check.log"; exit 1; }
+
+only=""
+for side in "$@"; do
+    case "$side" in
+        --parallel) only="$only --parallel" ;;
+        *) only="$only --only $side" ;;
+    esac
+done
+# --stop-grace 10: vLLM 0.26 does not exit on SIGTERM within 30 s; the default grace only waits.
+# shellcheck disable=SC2086
+python3 bench/ab.py --sides scripts/h200/ab_qwen35_64layer_bench_serve.yaml --model "$model" $only \
+    --stop-grace 10 --report-dir "$OUT_DIR" --log-dir "$OUT_DIR"
