@@ -82,8 +82,10 @@ def _selftest(args) -> int:
 
 
 def _tune(args) -> int:
-    from .tuner import main_json
+    from .tuner import main_cached, main_json
 
+    if args.cached:
+        return main_cached(args.shape, args.device_index)
     return main_json(args.shape, args.device_index, args.budget_s)
 
 
@@ -120,7 +122,8 @@ def main(argv=None) -> int:
     selftest = commands.add_parser("selftest", help="run the INT8 kernel self-test in this process")
     selftest.add_argument("--json", action="store_true", help="one JSON line (used by the cached self-test)")
     tune = commands.add_parser("tune", help="time the launch-config candidates for one model shape (the tuning child)")
-    tune.add_argument("--json", action="store_true", help="one JSON line (the only output format)")
+    tune.add_argument("--json", action="store_true", help="tune now, print one JSON line (the tuning child; the default)")
+    tune.add_argument("--cached", action="store_true", help="what a server would use: the cached choice, else tune and cache")
     tune.add_argument("--shape", required=True, help='JSON: {"head_dim", "num_q_heads", "num_kv_heads", "block_size", "dtype"}')
     tune.add_argument("--device-index", type=int, default=0)
     tune.add_argument("--budget-s", type=float, default=60.0)

@@ -153,11 +153,14 @@ def capture_variant(variant: Variant, case: Case) -> list[tuple[str, CapturedLau
 
 
 def build_jobs(cases: Iterable[Case], archs: Sequence[str], *, with_candidates: bool = True) -> list[Job]:
-    jobs = []
+    jobs, seen = [], set()
     for case in cases:
         for variant in variants(case.head_dim, with_candidates=with_candidates):
             for kind, launch in capture_variant(variant, case):
                 label = _config_label(kind, variant.configs, case.head_dim)
+                if (case, kind, label) in seen:  # a candidate equal to the table's entry
+                    continue
+                seen.add((case, kind, label))
                 for arch in archs:
                     jobs.append(Job(arch, case, variant, kind, label, launch))
     return jobs
@@ -197,6 +200,7 @@ def compile_launch(launch: CapturedLaunch, arch: str):
 
 
 def _diagnostic(text: str) -> str:
+    text = text.replace(str(REPO_ROOT) + os.sep, "")
     lines = [line.strip() for line in text.splitlines() if "error" in line.lower()]
     return " | ".join(dict.fromkeys(lines))[:400]
 
@@ -448,7 +452,18 @@ def main(subset: str, workers: int, output: Optional[Path], quiet: bool = False)
             print(f"[{done}/{total}] {row['arch']} {row['kernel']} D={row['head_dim']} {row['dtype']} g{row['group']} "
                   f"{row['config']}: {row['status']}", flush=True)
 
-    report = run_gate(subset, workers, progress)
+    # A private, empty Triton cache: every kernel is compiled from scratch (the recorded times
+    # are cold compiles) and nothing stale from another Triton build is reused.
+    with tempfile.TemporaryDirectory(prefix="govinda-amd-aot-") as cache:
+        previous = os.environ.get("TRITON_CACHE_DIR")
+        os.environ["TRITON_CACHE_DIR"] = cache
+        try:
+            report = run_gate(subset, workers, progress)
+        finally:
+            if previous is None:
+                os.environ.pop("TRITON_CACHE_DIR", None)
+            else:
+                os.environ["TRITON_CACHE_DIR"] = previous
     if output is not None:
         json_path, md_path = write_report(report, output)
         print(f"wrote {json_path} and {md_path}")

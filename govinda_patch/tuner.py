@@ -486,3 +486,15 @@ def main_json(shape_json: str, device_index: int, budget_s: float) -> int:
         result = {"ok": False, "reason": f"{type(exc).__name__}: {exc}"[:400], "cacheable": False}
     print(json.dumps(result), flush=True)
     return 0
+
+
+def main_cached(shape_json: str, device_index: int) -> int:
+    """``python -m govinda_patch tune --cached``: what a server start would use for the shape
+    (read from the cache, or tuned now and cached); exit 1 when tuning failed."""
+    import torch
+
+    shape = TuneShape.from_json(shape_json)
+    device = torch.device("cuda", device_index) if torch.cuda.is_available() else torch.device("cpu")
+    _, description = launch_configs_for(shape, device)
+    print(f"{shape.key()}: {description}", flush=True)
+    return 1 if "tuning failed" in description else 0

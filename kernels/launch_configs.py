@@ -175,7 +175,8 @@ ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = {
         # 64 KiB of LDS (one 8-wave workgroup per CU).
         prefill={
             64: KernelConfig(block_m=128, block_n=32, num_warps=8, num_stages=1),
-            128: KernelConfig(block_m=128, block_n=32, num_warps=8, num_stages=1),
+            # 128x32 would spill at D=128 with bf16 on gfx942.
+            128: KernelConfig(block_m=64, block_n=32, num_warps=8, num_stages=1),
             256: KernelConfig(block_m=128, block_n=16, num_warps=8, num_stages=1),
         },
         # Decode is bandwidth-bound: prefetching the next KV tile keeps two tiles in flight per
@@ -410,6 +411,8 @@ def _rocm_gfx9_candidates(head_dim: int) -> TuningCandidates:
             KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=1),
             KernelConfig(block_m=64, block_n=64, num_warps=4, num_stages=1),
         )
+        if head_dim > 64:  # 128x32 spills at D=128 (bf16, gfx942)
+            prefill = prefill[1:]
         decode = (
             KernelConfig(block_n=64, num_warps=4, num_stages=1, prefetch_next_tile=True),
             KernelConfig(block_n=64, num_warps=4, num_stages=1),
