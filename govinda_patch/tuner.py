@@ -122,8 +122,8 @@ def cached_or_tuned(settings, shape: TuneShape, device, arch_key: str, device_la
                 pass
         import torch
 
-        index = torch.device(device).index
-        index = torch.cuda.current_device() if index is None else index
+        device = torch.device(device)
+        index = device.index if device.index is not None else (torch.cuda.current_device() if device.type == "cuda" else 0)
         _log(f"tuning launch configs for {shape.key()} on {device_label} (budget {settings.tune_budget_s:g} s)")
         args = ("tune", "--json", "--shape", shape.to_json(), "--device-index", str(index), "--budget-s", f"{settings.tune_budget_s:g}")
         result = _run_in_child(
