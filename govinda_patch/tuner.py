@@ -392,33 +392,42 @@ def run_tuning(
 
         return run
 
+    skipped: list[str] = []
+
+    def fastest(part: str, options, until: float, check_batch, timed_batches):
+        """The fastest usable (seconds, option) of ``(label, configs, option)`` triples, or None."""
+        best = None
+        for label, configs, option in options:
+            if clock() >= until:
+                skipped.append(f"{part} {label}")
+                continue
+            trial = try_candidate(part, label, configs, check_batch, timed_decode(configs, timed_batches))
+            if trial.usable and (best is None or trial.seconds < best[0]):
+                best = (trial.seconds, option)
+        return best
+
     # 1. Decode tile x split policy at batch 1, then 2. the batched policy: half the budget.
     decode_deadline = started + budget_s / 2
-    best_b1: Optional[tuple] = None
-    skipped = []
-    for tile in candidates.decode:
-        for per_sm in candidates.programs_per_sm:
-            label = f"{tile.label} pps{per_sm}"
-            if clock() >= decode_deadline:
-                skipped.append(f"decode_b1 {label}")
-                continue
-            configs = decode_configs(tile, replace(policy, programs_per_sm=per_sm, batched_programs_per_sm=None))
-            trial = try_candidate("decode_b1", label, configs, problems.check_decode, timed_decode(configs, problems.decode_1))
-            if trial.usable and (best_b1 is None or trial.seconds < best_b1[0]):
-                best_b1 = (trial.seconds, tile, per_sm)
-    # 2. The batched split policy for that tile.
-    best_batched: Optional[tuple] = None
+    best_b1 = fastest(
+        "decode_b1",
+        (
+            (f"{tile.label} pps{per_sm}", decode_configs(tile, replace(policy, programs_per_sm=per_sm, batched_programs_per_sm=None)), (tile, per_sm))
+            for tile in candidates.decode
+            for per_sm in candidates.programs_per_sm
+        ),
+        decode_deadline, problems.check_decode, problems.decode_1,
+    )
+    best_batched = None
     if best_b1 is not None:
-        _, tile, per_sm = best_b1
-        for batched in candidates.batched_programs_per_sm:
-            label = f"{tile.label} pps{per_sm}/{batched}"
-            if clock() >= decode_deadline:
-                skipped.append(f"decode_batched {label}")
-                continue
-            configs = decode_configs(tile, replace(policy, programs_per_sm=per_sm, batched_programs_per_sm=batched))
-            trial = try_candidate("decode_batched", label, configs, problems.check_decode, timed_decode(configs, [problems.decode_b]))
-            if trial.usable and (best_batched is None or trial.seconds < best_batched[0]):
-                best_batched = (trial.seconds, batched)
+        _, (tile, per_sm) = best_b1
+        best_batched = fastest(
+            "decode_batched",
+            (
+                (f"{tile.label} pps{per_sm}/{batched}", decode_configs(tile, replace(policy, programs_per_sm=per_sm, batched_programs_per_sm=batched)), batched)
+                for batched in candidates.batched_programs_per_sm
+            ),
+            decode_deadline, problems.check_decode, [problems.decode_b],
+        )
         batched = best_batched[1] if best_batched else None
         chosen = replace(
             chosen, decode=tile, decode_splits=replace(policy, programs_per_sm=per_sm, batched_programs_per_sm=batched)
