@@ -455,6 +455,8 @@ class OursContender:
         self.cache = None
         self.workspace = None
         self.kv_bytes_per_token = kernels.layout.bytes_per_token(geometry.num_kv_heads, geometry.head_dim)
+        # Launch configs passed to every call (None: the device's table); set with use_configs.
+        self.configs = None
 
     def allocate(self, layout: PagedLayout) -> None:
         import torch
@@ -463,8 +465,15 @@ class OursContender:
         shape = self.kernels.layout.cache_shape(layout.num_blocks, self.block_size, g.num_kv_heads, g.head_dim)
         self.cache = torch.zeros(shape, dtype=torch.int8, device=self.device)
         self.block_table = layout.block_table
+        self.max_decodes = max(len(layout.max_seq_lens), 1)
+        self.use_configs(self.configs)
+
+    def use_configs(self, configs) -> None:
+        """Run with ``configs`` from now on (a workspace sized for their split policy)."""
+        g = self.geometry
+        self.configs = configs
         self.workspace = self.kernels.DecodeWorkspace.allocate(
-            max(len(layout.max_seq_lens), 1), g.num_q_heads, g.head_dim, self.device
+            self.max_decodes, g.num_q_heads, g.head_dim, self.device, num_kv_heads=g.num_kv_heads, configs=configs
         )
 
     def release(self) -> None:
@@ -493,6 +502,7 @@ class OursContender:
             max_seq_len=step.max_seq_len,
             num_decodes=step.num_decodes,
             workspace=self.workspace,
+            configs=self.configs,
         )
 
     def dequantized_kv(self, layout: PagedLayout, seq_index: int, seq_len: int):

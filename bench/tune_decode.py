@@ -24,14 +24,13 @@ configuration's output, times nothing).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import itertools
 import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
@@ -70,32 +69,25 @@ def parse_ints(text: str) -> List[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-@contextlib.contextmanager
-def decode_variant_in_force(launch_configs, device, head_dim: int, variant: Optional[DecodeVariant]) -> Iterator[None]:
-    """Temporarily replace the current architecture's decode entry and split policy."""
+def variant_table(launch_configs, device, head_dim: int, variant: Optional[DecodeVariant]):
+    """The current architecture's table with ``variant`` as its decode entry and split policy
+    (a new table: the module's tables are never modified). None: the table itself."""
+    table = launch_configs.get_launch_configs(device)
     if variant is None:
-        yield
-        return
-    key = launch_configs.arch_key(device)
-    table = launch_configs.ARCH_TABLES[key]
+        return table
     decode_entry = launch_configs.KernelConfig(
         block_n=variant.block_n,
         num_warps=variant.num_warps,
         num_stages=variant.num_stages,
         prefetch_next_tile=variant.prefetch_next_tile,
     )
-    patched = dataclasses.replace(
+    return dataclasses.replace(
         table,
         decode={**table.decode, head_dim: decode_entry},
         decode_splits=dataclasses.replace(
             table.decode_splits, programs_per_sm=variant.programs_per_sm, batched_programs_per_sm=None
         ),
     )
-    launch_configs.ARCH_TABLES[key] = patched
-    try:
-        yield
-    finally:
-        launch_configs.ARCH_TABLES[key] = table
 
 
 def compiled_kernel_stats(jit_function) -> Dict[str, Dict[str, Any]]:
@@ -155,12 +147,9 @@ class DecodeCase:
         query_bytes = query.numel() * query.element_size()
         self.bytes_read = query_bytes + sum(seq_lens) * self.contender.kv_bytes_per_token
 
-    def prepare(self) -> None:
-        """A workspace sized for the split policy in force."""
-        g = self.geometry
-        self.contender.workspace = self.ctx.ours.DecodeWorkspace.allocate(
-            self.batch, g.num_q_heads, g.head_dim, self.ctx.device, num_kv_heads=g.num_kv_heads
-        )
+    def prepare(self, configs) -> None:
+        """Run with ``configs`` (and a workspace sized for their split policy)."""
+        self.contender.use_configs(configs)
 
     def __call__(self) -> None:
         self.contender.attention(self.query, self.output, self.step)
@@ -177,15 +166,15 @@ def run_variant(case: DecodeCase, variant: Optional[DecodeVariant], launch_confi
     record: Dict[str, Any] = {"variant": dataclasses.asdict(variant) if variant else "table", "status": "ok"}
     before = set(compiled_kernel_stats(attention._decode_split_kernel))
     try:
-        with decode_variant_in_force(launch_configs, ctx.device, case.geometry.head_dim, variant):
-            case.prepare()
-            record["num_splits"] = attention.decode_splits_for(case.batch, case.geometry.num_kv_heads, ctx.device)
-            case.output.zero_()
-            case()
-            if reference is not None:
-                record["max_abs_diff_vs_table"] = float((case.output.float() - reference.float()).abs().max())
-            record["output_finite"] = bool(torch.isfinite(case.output.float()).all())
-            stats = ctx.timer.graph(case, ctx.config.rep_ms)
+        configs = variant_table(launch_configs, ctx.device, case.geometry.head_dim, variant)
+        case.prepare(configs)
+        record["num_splits"] = attention.decode_splits_for(case.batch, case.geometry.num_kv_heads, ctx.device, configs)
+        case.output.zero_()
+        case()
+        if reference is not None:
+            record["max_abs_diff_vs_table"] = float((case.output.float() - reference.float()).abs().max())
+        record["output_finite"] = bool(torch.isfinite(case.output.float()).all())
+        stats = ctx.timer.graph(case, ctx.config.rep_ms)
         record["timing"] = stats
         record["time_us"] = stats.get("median_us")
         record.update(kb.bandwidth_fields(ctx, stats.get("median_us"), case.bytes_read))
@@ -272,10 +261,9 @@ def profile(args: argparse.Namespace) -> None:
     launch_configs = import_kernel("launch_configs")
     for index, (batch, context) in enumerate(parse_cases(args.cases)):
         case = DecodeCase(ctx, batch, context, salt=500 + index)
-        with decode_variant_in_force(launch_configs, ctx.device, config.geometry.head_dim, variant):
-            case.prepare()
-            for _ in range(3):
-                case()
+        case.prepare(variant_table(launch_configs, ctx.device, config.geometry.head_dim, variant))
+        for _ in range(3):
+            case()
         torch.cuda.synchronize()
         kb.log(f"profiled {case.name} with {variant.label}")
         case.contender.release()

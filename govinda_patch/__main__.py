@@ -1,4 +1,4 @@
-"""``python -m govinda_patch <command>``: status | doctor | counters | selftest | env-doc | patch-doc."""
+"""``python -m govinda_patch <command>``: status | doctor | counters | selftest | tune | amd-aot | env-doc | patch-doc."""
 
 from __future__ import annotations
 
@@ -81,6 +81,23 @@ def _selftest(args) -> int:
     return 0 if verdict.get("ok") else 1
 
 
+def _tune(args) -> int:
+    from .tuner import main_cached, main_json
+
+    if args.cached:
+        return main_cached(args.shape, args.device_index)
+    return main_json(args.shape, args.device_index, args.budget_s)
+
+
+def _amd_aot(args) -> int:
+    from pathlib import Path
+
+    from .amd_aot import DEFAULT_REPORT_DIR, main
+
+    output = None if args.no_report else Path(args.output or DEFAULT_REPORT_DIR)
+    return main(args.subset, args.jobs, output)
+
+
 def _generated(args, path, render) -> int:
     text = render()
     if args.check:
@@ -104,6 +121,17 @@ def main(argv=None) -> int:
     commands.add_parser("counters", help="print the dispatch counters written by vLLM processes")
     selftest = commands.add_parser("selftest", help="run the INT8 kernel self-test in this process")
     selftest.add_argument("--json", action="store_true", help="one JSON line (used by the cached self-test)")
+    tune = commands.add_parser("tune", help="time the launch-config candidates for one model shape (the tuning child)")
+    tune.add_argument("--json", action="store_true", help="tune now, print one JSON line (the tuning child; the default)")
+    tune.add_argument("--cached", action="store_true", help="what a server would use: the cached choice, else tune and cache")
+    tune.add_argument("--shape", required=True, help='JSON: {"head_dim", "num_q_heads", "num_kv_heads", "block_size", "dtype"}')
+    tune.add_argument("--device-index", type=int, default=0)
+    tune.add_argument("--budget-s", type=float, default=60.0)
+    aot = commands.add_parser("amd-aot", help="compile every kernel for gfx90a/gfx942 on the CPU; report registers/LDS/scratch")
+    aot.add_argument("--subset", choices=("full", "ci"), default="full")
+    aot.add_argument("--jobs", type=int, default=1, help="parallel compile processes")
+    aot.add_argument("--output", help="report folder (default reports/amd)")
+    aot.add_argument("--no-report", action="store_true", help="only the exit status and summary")
     for name, help_text in (("env-doc", "write reports/env-vars.md"), ("patch-doc", "write docs/patches.md")):
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--check", action="store_true", help="exit 1 if the committed file is stale")
@@ -112,7 +140,9 @@ def main(argv=None) -> int:
         return _generated(args, REPO_ROOT / "reports" / "env-vars.md", docs.render_env_doc)
     if args.command == "patch-doc":
         return _generated(args, REPO_ROOT / "docs" / "patches.md", docs.render_patch_doc)
-    handler = {"status": _status, "doctor": _doctor, "counters": _counters, "selftest": _selftest}[args.command]
+    handler = {
+        "status": _status, "doctor": _doctor, "counters": _counters, "selftest": _selftest, "tune": _tune, "amd-aot": _amd_aot,
+    }[args.command]
     return handler(args)
 
 

@@ -30,7 +30,7 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
-from . import counters
+from . import counters, tuner
 from .int8_kv import BACKEND_NAME, SUPPORTED_HEAD_SIZES, model_head_size
 from .kernel_package import import_kernel
 
@@ -51,6 +51,7 @@ class GovindaInt8Metadata:
     slot_mapping: torch.Tensor
     num_decodes: int
     workspace: object
+    launch_configs: object = None  # the builder's (possibly tuned) kernels/launch_configs table
 
 
 class GovindaInt8MetadataBuilder(AttentionMetadataBuilder[GovindaInt8Metadata]):
@@ -74,13 +75,26 @@ class GovindaInt8MetadataBuilder(AttentionMetadataBuilder[GovindaInt8Metadata]):
         # Decodes first: the kernel entry point needs them as a leading block of the batch.
         self._init_reorder_batch_threshold(1)
         model_config, parallel_config = vllm_config.model_config, vllm_config.parallel_config
+        num_q_heads = model_config.get_num_attention_heads(parallel_config)
+        num_kv_heads = model_config.get_num_kv_heads(parallel_config)
+        # Fixed for the builder's lifetime, before any CUDA graph is captured (govinda_patch/tuner.py).
+        shape = tuner.TuneShape(
+            head_dim=model_config.get_head_size(),
+            num_q_heads=num_q_heads,
+            num_kv_heads=num_kv_heads,
+            block_size=kv_cache_spec.block_size,
+            dtype="fp16" if model_config.dtype == torch.float16 else "bf16",
+        )
+        self.launch_configs, description = tuner.launch_configs_for(shape, device)
+        logger.info("INT8 attention launch configs for %s: %s", shape.key(), description)
         # Preallocated split-KV buffers: no allocation in the (CUDA-graph captured) decode path.
         self.workspace = _attention.DecodeWorkspace.allocate(
             vllm_config.scheduler_config.max_num_seqs,
-            model_config.get_num_attention_heads(parallel_config),
+            num_q_heads,
             model_config.get_head_size(),
             device,
-            num_kv_heads=model_config.get_num_kv_heads(parallel_config),
+            num_kv_heads=num_kv_heads,
+            configs=self.launch_configs,
         )
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata, fast_build: bool = False):
@@ -95,6 +109,7 @@ class GovindaInt8MetadataBuilder(AttentionMetadataBuilder[GovindaInt8Metadata]):
             slot_mapping=common_attn_metadata.slot_mapping,
             num_decodes=num_decodes,
             workspace=self.workspace,
+            launch_configs=self.launch_configs,
         )
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata):
@@ -252,6 +267,7 @@ class GovindaInt8AttentionImpl(AttentionImpl):
             max_seq_len=attn_metadata.max_seq_len,
             num_decodes=attn_metadata.num_decodes,
             workspace=attn_metadata.workspace,
+            configs=attn_metadata.launch_configs,
         )
         num_seqs = attn_metadata.seq_lens.shape[0]
         if attn_metadata.num_decodes:

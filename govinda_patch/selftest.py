@@ -61,18 +61,23 @@ def cached_verdict(settings) -> dict:
         return verdict
 
 
-def _run_in_child() -> dict:
+def _run_in_child(args=("selftest", "--json"), timeout_s=SELFTEST_TIMEOUT_S, what="self-test", stream_stderr=False) -> dict:
+    """Run ``python -m govinda_patch *args`` and return the last JSON line it prints.
+
+    ``stream_stderr`` passes the child's stderr through (progress lines reach the server log).
+    """
     # GOVINDA_SELFTEST_CHILD marks this process tree (e.g. for bench/ab.py's environment check).
     env = dict(os.environ, GOVINDA_DISABLE="1", GOVINDA_SELFTEST_CHILD="1", PYTHONUNBUFFERED="1")
-    command = [sys.executable, "-m", "govinda_patch", "selftest", "--json"]
+    command = [sys.executable, "-m", "govinda_patch", *args]
+    stderr = None if stream_stderr else subprocess.PIPE
     try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=SELFTEST_TIMEOUT_S)
+        done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return {"ok": False, "reason": f"self-test timed out after {SELFTEST_TIMEOUT_S}s", "cacheable": False}
+        return {"ok": False, "reason": f"{what} timed out after {timeout_s}s", "cacheable": False}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        return {"ok": False, "reason": f"self-test process exited {done.returncode}: {' | '.join(tail)}", "cacheable": False}
+        tail = (done.stderr or done.stdout or "").strip().splitlines()[-3:]
+        return {"ok": False, "reason": f"{what} process exited {done.returncode}: {' | '.join(tail)}", "cacheable": False}
     return json.loads(lines[-1])
 
 

@@ -16,6 +16,8 @@ TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SELFTEST_MODES = ("auto", "skip")
+TUNE_MODES = ("auto", "off", "force")
+DEFAULT_TUNE_BUDGET_S = 60.0
 PLATFORMS = ("rocm", "cuda")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +59,22 @@ GLOBAL_SWITCHES = (
         "Set by the overlay itself on the self-test's child processes, which run with GOVINDA_DISABLE=1 on purpose "
         "(bench/ab.py's environment check skips them). Do not set it.",
     ),
-    GlobalSwitch("GOVINDA_CACHE_DIR", "path", "~/.cache/govinda", "Where self-test verdicts and dispatch counters are kept."),
+    GlobalSwitch(
+        "GOVINDA_TUNE",
+        " | ".join(TUNE_MODES),
+        "auto",
+        "auto: on a real GPU, time the launch-config candidates once per model shape (head_dim, heads, block size, "
+        "dtype) in a child process and cache the fastest correct one, which every process of a server then uses; "
+        "off: the hand-written table of kernels/launch_configs.py; force: tune again, ignoring the cache.",
+    ),
+    GlobalSwitch(
+        "GOVINDA_TUNE_BUDGET_S",
+        "seconds (> 0)",
+        f"{DEFAULT_TUNE_BUDGET_S:g}",
+        "Time the self-tuner may spend per model shape on the first start (compiles included); "
+        "candidates not reached keep the hand table's entry.",
+    ),
+    GlobalSwitch("GOVINDA_CACHE_DIR", "path", "~/.cache/govinda", "Where self-test verdicts, tuned launch configs and dispatch counters are kept."),
     GlobalSwitch(
         "GOVINDA_PLATFORM",
         " | ".join(PLATFORMS),
@@ -88,6 +105,20 @@ def _read_choice(environ, name: str, choices: tuple[str, ...], default: str, war
     return default
 
 
+def _read_seconds(environ, name: str, default: float, warnings: list[str]) -> float:
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value > 0 and value == value and value != float("inf"):
+        return value
+    warnings.append(f"{name}={raw!r} is not a positive number of seconds; using {default:g}")
+    return default
+
+
 def parse_switch(environ, name: str, warnings: list[str]) -> bool | None:
     """A per-patch/per-group switch: True/False when set, None when unset."""
     raw = environ.get(name)
@@ -111,6 +142,8 @@ class Settings:
     force: bool = False
     log_level: str = "INFO"
     selftest: str = "auto"
+    tune: str = "auto"
+    tune_budget_s: float = DEFAULT_TUNE_BUDGET_S
     cache_dir: Path = Path.home() / ".cache" / "govinda"
     platform_override: str | None = None
     warnings: list[str] = field(default_factory=list)
@@ -133,6 +166,8 @@ class Settings:
             force=_read_flag(environ, "GOVINDA_FORCE", warnings),
             log_level=_read_choice(environ, "GOVINDA_LOG_LEVEL", LOG_LEVELS, "INFO", warnings, upper=True),
             selftest=_read_choice(environ, "GOVINDA_SELFTEST", SELFTEST_MODES, "auto", warnings),
+            tune=_read_choice(environ, "GOVINDA_TUNE", TUNE_MODES, "auto", warnings),
+            tune_budget_s=_read_seconds(environ, "GOVINDA_TUNE_BUDGET_S", DEFAULT_TUNE_BUDGET_S, warnings),
             cache_dir=Path(cache_dir).expanduser(),
             platform_override=platform,
             warnings=warnings,

@@ -16,12 +16,14 @@ before touching memory. No host synchronisation and no allocation: graph-captura
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
 from .int8_kv_layout import QMAX, SCALE_FLOOR, page_offsets, store_reference
-from .launch_configs import get_launch_configs
+from .launch_configs import KernelConfig, get_launch_configs
 
 __all__ = ["store_kv_int8", "store_reference"]
 
@@ -105,10 +107,12 @@ def store_kv_int8(
     slot_mapping: torch.Tensor,
     *,
     block_size: int,
+    config: Optional[KernelConfig] = None,
 ) -> None:
     """Quantize ``key``/``value`` ``[T, H, D]`` into ``kv_cache`` at ``slot_mapping`` (slot < 0: skip).
 
     Processes ``min(T, len(slot_mapping))`` tokens; ``key``/``value`` may be strided views.
+    ``config`` overrides the device table's store entry.
     """
     if key.dim() != 3 or value.shape != key.shape:
         raise ValueError(f"key/value must both be [T, H, D], got {tuple(key.shape)} and {tuple(value.shape)}")
@@ -124,7 +128,7 @@ def store_kv_int8(
     if num_tokens == 0:
         return
     cache_f32 = float32_view(kv_cache)
-    config = get_launch_configs(kv_cache.device).store
+    config = config or get_launch_configs(kv_cache.device).store
     _store_kv_int8_kernel[(num_tokens, num_kv_heads)](
         key,
         value,

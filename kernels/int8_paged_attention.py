@@ -544,9 +544,12 @@ def _prefill_kernel(
 # --------------------------------------------------------------------------------------------
 
 
-def decode_splits_for(num_decodes: int, num_kv_heads: int, device: torch.device) -> int:
-    """KV splits per (decode, kv head) that :func:`paged_attention_int8` uses on ``device``."""
-    configs = get_launch_configs(device)
+def decode_splits_for(
+    num_decodes: int, num_kv_heads: int, device: torch.device, configs: Optional[ArchLaunchConfigs] = None
+) -> int:
+    """KV splits per (decode, kv head) that :func:`paged_attention_int8` uses on ``device``
+    with ``configs`` (default: the device's table)."""
+    configs = configs or get_launch_configs(device)
     return decode_num_splits(num_decodes, num_kv_heads, sm_count(device, configs), configs.decode_splits)
 
 
@@ -574,17 +577,19 @@ class DecodeWorkspace:
         device: torch.device,
         *,
         num_kv_heads: int = 1,
+        configs: Optional[ArchLaunchConfigs] = None,
     ) -> "DecodeWorkspace":
         """Room for any decode batch of up to ``max_num_seqs`` sequences on ``device``.
 
         The split count shrinks as the batch grows; the buffer is sized for the largest
         ``num_decodes * num_splits`` over all batch sizes. ``num_kv_heads`` (default 1 = the
-        worst case) tightens the bound.
+        worst case) tightens the bound. ``configs`` must be the launch configs the decodes
+        will run with (their split policy sizes the buffer).
         """
         device = torch.device(device)
         max_entries = 1
         for num_decodes in range(1, max(int(max_num_seqs), 1) + 1):
-            splits = decode_splits_for(num_decodes, num_kv_heads, device)
+            splits = decode_splits_for(num_decodes, num_kv_heads, device, configs)
             if splits > 1:
                 max_entries = max(max_entries, num_decodes * splits)
         return cls.with_entries(max_entries, num_q_heads, head_dim, device)
@@ -798,6 +803,7 @@ def paged_attention_int8(
     max_seq_len: int,
     num_decodes: int,
     workspace: Optional[DecodeWorkspace] = None,
+    configs: Optional[ArchLaunchConfigs] = None,
 ) -> torch.Tensor:
     """Causal attention of ``query [T, Hq, D]`` over the INT8 paged cache; writes ``output`` in place.
 
@@ -805,7 +811,9 @@ def paged_attention_int8(
     ``max_seq_len`` are accepted for the caller's convenience but do not shape the launch:
     grids depend on tensor shapes and ``num_decodes`` only, so a captured CUDA graph stays
     valid when they change. Rows of tokens outside every sequence, and rows of sequences
-    with query_len 0 or seq_len 0, are left untouched.
+    with query_len 0 or seq_len 0, are left untouched. ``configs`` (default: the device's
+    table) are the launch configs; a caller that keeps a ``workspace`` must size it with the
+    same ones.
     """
     del max_query_len, max_seq_len  # see the docstring
     _check_inputs(query, kv_cache, output, query_start_loc, seq_lens, block_table, block_size, num_kv_heads)
@@ -814,7 +822,7 @@ def paged_attention_int8(
     if query.shape[0] == 0 or num_seqs == 0:
         return output
     cache_f32 = float32_view(kv_cache)
-    configs = get_launch_configs(query.device)
+    configs = configs or get_launch_configs(query.device)
     qk_scale = float(softmax_scale) * LOG2E
     common = dict(block_size=block_size, num_kv_heads=num_kv_heads, qk_scale=qk_scale, configs=configs)
     tensors = (query, kv_cache, cache_f32, output, query_start_loc, seq_lens, block_table)

@@ -7,11 +7,11 @@ Keys:
 * ``cuda_default`` -- any other NVIDIA GPU (Ampere/Ada/Blackwell); conservative: fits the
   ~100 KB of shared memory of consumer parts.
 * ``rocm_gfx9``    -- CDNA-class GPUs (Hygon DCU gfx906/gfx926/gfx928/gfx936, MI200 gfx90a,
-  MI300 gfx942). Wave64 and 64 KB of LDS on the DCUs: ``num_stages=1`` (Triton's AMD
-  pipeliner double-buffers through LDS, which the tiles below would overflow), tiles no
-  bigger than 64 x 64 for D <= 128 and 64 x 32 for D = 256, 4 warps (= 256 threads). The
-  HIP-only knobs stay at "compiler default" (0) because the DCU Triton forks differ in which
-  of them they accept; they are passed to the launch only when set.
+  MI300 gfx942). Wave64 and 64 KB of LDS: ``num_stages=1`` (Triton's AMD pipeliner
+  double-buffers through LDS). Entries are chosen from the compile gate's per-kernel register
+  and LDS counts (``reports/amd/aot_resources.json``), see the table. The HIP-only knobs stay at
+  "compiler default" (0) because the DCU Triton forks differ in which of them they accept;
+  they are passed to the launch only when set.
 * ``rocm_default`` -- other AMD GPUs (RDNA, wave32); the smallest safe tiles.
 * ``interpreter``  -- ``TRITON_INTERPRET=1`` on CPU: tiny tiles so that small test shapes
   still cover several tiles, splits and chunks.
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from dataclasses import asdict, dataclass, field, replace
+from typing import Mapping, Optional, Tuple
 
 import torch
 
@@ -51,6 +51,16 @@ class KernelConfig:
     waves_per_eu: int = 0
     matrix_instr_nonkdim: int = 0
     kpack: int = 0
+
+    @property
+    def label(self) -> str:
+        text = f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}"
+        if self.prefetch_next_tile:
+            text += "pf"
+        for name, short in (("waves_per_eu", "we"), ("matrix_instr_nonkdim", "mi"), ("kpack", "kp")):
+            if getattr(self, name):
+                text += f"{short}{getattr(self, name)}"
+        return text
 
     def launch_kwargs(self) -> dict:
         kwargs = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -157,15 +167,25 @@ ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = {
     ),
     "rocm_gfx9": ArchLaunchConfigs(
         key="rocm_gfx9",
+        # From the compile gate's register/LDS data for gfx90a/gfx942
+        # (reports/amd/aot_resources.json, `python -m govinda_patch amd-aot`): every entry is
+        # scratch-free and runs >= 2 waves per SIMD. With 4 warps a D=256 prefill tile of 64 rows
+        # needs more than 256 unified VGPRs (1 wave); 8 warps cap a wave at 256, so the 128-row
+        # tiles below trade KV-tile width for occupancy. 128x16 at D=256 needs exactly the
+        # 64 KiB of LDS (one 8-wave workgroup per CU).
         prefill={
-            64: KernelConfig(block_m=64, block_n=64, num_warps=4, num_stages=1),
-            128: KernelConfig(block_m=64, block_n=64, num_warps=4, num_stages=1),
-            256: KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=1),
+            64: KernelConfig(block_m=128, block_n=32, num_warps=8, num_stages=1),
+            # 128x32 would spill at D=128 with bf16 on gfx942.
+            128: KernelConfig(block_m=64, block_n=32, num_warps=8, num_stages=1),
+            256: KernelConfig(block_m=128, block_n=16, num_warps=8, num_stages=1),
         },
+        # Decode is bandwidth-bound: prefetching the next KV tile keeps two tiles in flight per
+        # program at the same waves per SIMD (the gate shows it costs no registers here, unlike
+        # on sm90), i.e. >= 64 KiB of K/V requested per CU at a time.
         decode={
-            64: KernelConfig(block_n=64, num_warps=4, num_stages=1),
-            128: KernelConfig(block_n=64, num_warps=4, num_stages=1),
-            256: KernelConfig(block_n=32, num_warps=4, num_stages=1),
+            64: KernelConfig(block_n=64, num_warps=4, num_stages=1, prefetch_next_tile=True),
+            128: KernelConfig(block_n=64, num_warps=4, num_stages=1, prefetch_next_tile=True),
+            256: KernelConfig(block_n=32, num_warps=4, num_stages=1, prefetch_next_tile=True),
         },
         reduce=KernelConfig(block_m=128, block_n=64, num_warps=4, num_stages=1),
         store=KernelConfig(num_warps=1, num_stages=1),
@@ -275,3 +295,153 @@ def decode_num_splits(
     per_split = max(num_decodes * num_kv_heads, 1)
     splits = -(-programs_wanted // per_split)
     return max(1, min(splits, policy.max_splits))
+
+
+# --------------------------------------------------------------------------------------------
+# Self-tuning (govinda_patch/tuner.py): what may be tried, and how a choice becomes a table
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TunedChoice:
+    """The self-tuner's pick for one model shape: the decode and prefill entries of its head_dim
+    and the split policy. Applied with :func:`with_choice`; the tables themselves never change."""
+
+    decode: KernelConfig
+    prefill: KernelConfig
+    decode_splits: DecodeSplitPolicy
+
+    def to_json(self) -> dict:
+        return {"decode": asdict(self.decode), "prefill": asdict(self.prefill), "decode_splits": asdict(self.decode_splits)}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "TunedChoice":
+        return cls(
+            decode=KernelConfig(**data["decode"]),
+            prefill=KernelConfig(**data["prefill"]),
+            decode_splits=DecodeSplitPolicy(**data["decode_splits"]),
+        )
+
+    @property
+    def label(self) -> str:
+        splits = self.decode_splits
+        return (
+            f"decode {self.decode.label} pps {splits.programs_per_sm}/{splits.batched_programs_per_sm}, "
+            f"prefill {self.prefill.label}"
+        )
+
+
+def with_choice(table: ArchLaunchConfigs, head_dim: int, choice: TunedChoice) -> ArchLaunchConfigs:
+    """A new table: ``table`` with ``choice`` in force for ``head_dim``."""
+    return replace(
+        table,
+        key=f"{table.key}+tuned",
+        prefill={**dict(table.prefill), head_dim: choice.prefill},
+        decode={**dict(table.decode), head_dim: choice.decode},
+        decode_splits=choice.decode_splits,
+    )
+
+
+def choice_from_table(table: ArchLaunchConfigs, head_dim: int) -> TunedChoice:
+    """The table's own entries for ``head_dim``, as a choice (the fallback)."""
+    return TunedChoice(table.decode_config(head_dim), table.prefill_config(head_dim), table.decode_splits)
+
+
+@dataclass(frozen=True)
+class TuningCandidates:
+    """What the self-tuner times for one head_dim. Every candidate keeps today's grid rules
+    (the grid depends on the batch shape only), so any pick is CUDA-graph safe."""
+
+    decode: Tuple[KernelConfig, ...]
+    programs_per_sm: Tuple[int, ...]  # decode splits at batch 1
+    batched_programs_per_sm: Tuple[int, ...]  # decode splits at batch > 1
+    prefill: Tuple[KernelConfig, ...]
+    max_splits: int = 256
+
+
+def _cuda_candidates(head_dim: int) -> TuningCandidates:
+    # Neutral: one grid for every NVIDIA GPU, not derived from a measured table. Decode: the
+    # KV tile, 4 or 8 warps, no cp.async stages; prefill: 64/128-row tiles, 2-3 stages.
+    if head_dim >= 256:
+        prefill = (
+            KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=2),
+            KernelConfig(block_m=64, block_n=64, num_warps=4, num_stages=2),
+            KernelConfig(block_m=128, block_n=32, num_warps=8, num_stages=2),
+            KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=2),
+            KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3),
+        )
+    else:
+        prefill = (
+            KernelConfig(block_m=64, block_n=64, num_warps=4, num_stages=2),
+            KernelConfig(block_m=128, block_n=64, num_warps=4, num_stages=3),
+            KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3),
+            KernelConfig(block_m=128, block_n=128, num_warps=8, num_stages=2),
+        )
+    decode = (
+        KernelConfig(block_n=32, num_warps=4, num_stages=1),
+        KernelConfig(block_n=64, num_warps=4, num_stages=1),
+        KernelConfig(block_n=128, num_warps=4, num_stages=1),
+        KernelConfig(block_n=64, num_warps=8, num_stages=1),
+    )
+    return TuningCandidates(decode, programs_per_sm=(1, 2, 4), batched_programs_per_sm=(2, 4, 8), prefill=prefill)
+
+
+def _rocm_gfx9_candidates(head_dim: int) -> TuningCandidates:
+    # All compiled for gfx90a/gfx942 by the compile gate, scratch-free there
+    # (reports/amd/aot_resources.json). Besides the table's picks: the former 1-wave entries
+    # and their neighbours, so a DCU whose memory system prefers bigger tiles can choose them.
+    if head_dim >= 256:
+        prefill = (
+            KernelConfig(block_m=128, block_n=16, num_warps=8, num_stages=1),
+            KernelConfig(block_m=32, block_n=16, num_warps=4, num_stages=1),
+            KernelConfig(block_m=64, block_n=16, num_warps=4, num_stages=1),
+            KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=1),
+        )
+        decode = (
+            KernelConfig(block_n=32, num_warps=4, num_stages=1, prefetch_next_tile=True),
+            KernelConfig(block_n=32, num_warps=4, num_stages=1),
+            KernelConfig(block_n=64, num_warps=4, num_stages=1),
+            KernelConfig(block_n=128, num_warps=8, num_stages=1),
+        )
+    else:
+        prefill = (
+            KernelConfig(block_m=128, block_n=32, num_warps=8, num_stages=1),
+            KernelConfig(block_m=64, block_n=32, num_warps=8, num_stages=1),
+            KernelConfig(block_m=128, block_n=16, num_warps=8, num_stages=1),
+            KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=1),
+            KernelConfig(block_m=64, block_n=64, num_warps=4, num_stages=1),
+        )
+        if head_dim > 64:  # 128x32 spills at D=128 (bf16, gfx942)
+            prefill = prefill[1:]
+        decode = (
+            KernelConfig(block_n=64, num_warps=4, num_stages=1, prefetch_next_tile=True),
+            KernelConfig(block_n=64, num_warps=4, num_stages=1),
+            KernelConfig(block_n=128, num_warps=4, num_stages=1),
+            KernelConfig(block_n=32, num_warps=4, num_stages=1, prefetch_next_tile=True),
+        )
+    return TuningCandidates(decode, programs_per_sm=(2, 4, 8), batched_programs_per_sm=(2, 4, 8), prefill=prefill)
+
+
+def _interpreter_candidates(head_dim: int) -> TuningCandidates:
+    # Tiny tiles for CPU tests of the tuner itself.
+    return TuningCandidates(
+        decode=(KernelConfig(block_n=16, num_warps=4), KernelConfig(block_n=32, num_warps=4)),
+        programs_per_sm=(1, 2),
+        batched_programs_per_sm=(1, 2),
+        prefill=(KernelConfig(block_m=16, block_n=16, num_warps=4), KernelConfig(block_m=32, block_n=16, num_warps=4)),
+        max_splits=16,
+    )
+
+
+_CANDIDATES = {
+    "cuda_sm90": _cuda_candidates,
+    "cuda_default": _cuda_candidates,
+    "rocm_gfx9": _rocm_gfx9_candidates,
+    "rocm_default": _rocm_gfx9_candidates,
+    "interpreter": _interpreter_candidates,
+}
+
+
+def tuning_candidates(key: str, head_dim: int) -> TuningCandidates:
+    """The candidate set the self-tuner times for table ``key`` and ``head_dim``."""
+    return _CANDIDATES[key](head_dim)

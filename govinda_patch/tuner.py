@@ -1,0 +1,509 @@
+"""Self-tuning of the INT8 kernels' launch configs on the GPU they run on, once per model shape.
+
+How the shape gets here: only a vLLM worker knows it (head_dim, q/kv heads, block size, dtype),
+so the attention metadata builder calls :func:`launch_configs_for` when it is created, before
+any CUDA graph is captured. That reads the tuned choice cached on disk for this shape, or runs
+``python -m govinda_patch tune --json --shape ...`` in a child process (the same way, and with
+the same cache key parts, as the kernel self-test: a candidate that crashes the GPU takes the
+child down, never the server) under a file lock, so the tensor-parallel workers of one server
+tune once and all use the same choice. The builder passes the resulting table to every kernel
+call; no table is ever modified.
+
+The child (:func:`run_tuning`) checks each candidate of ``launch_configs.tuning_candidates``
+against the torch reference on a small batch, then times it: decode tiles x split policy at
+batch 1, the split policy at batch 8, then prefill tiles/warps/stages. It keeps the fastest
+correct candidate of each part, within a time budget (``GOVINDA_TUNE_BUDGET_S``); parts it
+does not reach, or where no candidate passes, keep the hand table's entry.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable, Optional
+
+from .kernel_package import import_kernel
+
+TUNE_TIMEOUT_MARGIN_S = 180  # child start-up, imports and the last compile on top of the budget
+
+
+@dataclass(frozen=True)
+class TuneShape:
+    head_dim: int
+    num_q_heads: int
+    num_kv_heads: int
+    block_size: int
+    dtype: str  # "bf16" | "fp16"
+
+    def key(self) -> str:
+        return f"d{self.head_dim}-q{self.num_q_heads}-kv{self.num_kv_heads}-b{self.block_size}-{self.dtype}"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "TuneShape":
+        data = json.loads(text)
+        shape = cls(**data)
+        if shape.dtype not in ("bf16", "fp16") or shape.num_q_heads % max(shape.num_kv_heads, 1):
+            raise ValueError(f"bad tuning shape {data}")
+        return shape
+
+
+@dataclass(frozen=True)
+class TuneWorkload:
+    """The problem sizes timed (the check batch is fixed and small)."""
+
+    decode_context: int = 16384  # batch 1
+    batched_decodes: int = 8
+    batched_context: int = 8192
+    prefill_tokens: int = 8192
+    # The checked prefill: chunks over an existing prefix and a fresh prompt.
+    check_prefill_query_lens: tuple = (40, 17)
+    check_prefill_seq_lens: tuple = (100, 17)
+
+
+DEFAULT_WORKLOAD = TuneWorkload()
+# Interpreter (CPU tests): shapes that still span several tiles, splits and pages.
+INTERPRETER_WORKLOAD = TuneWorkload(
+    decode_context=96, batched_decodes=3, batched_context=64, prefill_tokens=40,
+    check_prefill_query_lens=(20, 5), check_prefill_seq_lens=(37, 5),
+)
+
+
+def _log(message: str) -> None:
+    print(f"govinda INFO [pid {os.getpid()}] tune: {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Worker side: the cached choice for a shape
+# --------------------------------------------------------------------------------------------
+
+
+def _device_label(device) -> str:
+    import torch
+
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    return f"{torch.cuda.get_device_name(index)}|{torch.cuda.get_device_properties(index).multi_processor_count}"
+
+
+def cache_path(settings, shape: TuneShape, device_label: str, arch_key: str) -> Path:
+    from .selftest import _cache_key
+
+    # Keyed like the self-test verdict (kernel sources, torch/triton, visible devices), plus the
+    # device model, the table in force and the shape.
+    extra = hashlib.sha256(f"{device_label}|{arch_key}".encode()).hexdigest()[:12]
+    return Path(settings.cache_dir) / "tune" / f"{_cache_key()}-{extra}-{shape.key()}.json"
+
+
+def cached_or_tuned(settings, shape: TuneShape, device, arch_key: str, device_label: str) -> dict:
+    """The tuning result for ``shape``: from the cache, else from a tuning child (then cached)."""
+    from .selftest import _run_in_child
+
+    path = cache_path(settings, shape, device_label, arch_key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if settings.tune != "force" and path.exists():
+            try:
+                result = json.loads(path.read_text())
+                result["from_cache"] = True
+                return result
+            except ValueError:
+                pass
+        import torch
+
+        device = torch.device(device)
+        index = device.index if device.index is not None else (torch.cuda.current_device() if device.type == "cuda" else 0)
+        _log(f"tuning launch configs for {shape.key()} on {device_label} (budget {settings.tune_budget_s:g} s)")
+        args = ("tune", "--json", "--shape", shape.to_json(), "--device-index", str(index), "--budget-s", f"{settings.tune_budget_s:g}")
+        result = _run_in_child(
+            args, timeout_s=int(settings.tune_budget_s + TUNE_TIMEOUT_MARGIN_S), what="tuning", stream_stderr=True
+        )
+        if result.get("ok") and result.get("cacheable", True):
+            path.write_text(json.dumps(result))
+        result["from_cache"] = False
+        return result
+
+
+@functools.lru_cache(maxsize=None)
+def _launch_configs_for(settings_key: tuple, shape: TuneShape, device_str: str):
+    from .settings import Settings
+
+    lc = import_kernel("launch_configs")
+    settings = Settings.from_env()
+    import torch
+
+    device = torch.device(device_str)
+    base = lc.get_launch_configs(device)
+    hand = f"hand table {base.key}: {lc.choice_from_table(base, shape.head_dim).label}"
+    if settings.tune == "off":
+        return base, f"{hand} (GOVINDA_TUNE=off)"
+    if device.type != "cuda" or lc.interpreting():
+        return base, f"{hand} (no GPU to tune on)"
+    try:
+        result = cached_or_tuned(settings, shape, device, base.key, _device_label(device))
+        if not result.get("ok"):
+            return base, f"{hand} (tuning failed: {result.get('reason', 'unknown')})"
+        choice = lc.TunedChoice.from_json(result["choice"])
+    except Exception as exc:  # a broken cache file or child must never stop the server
+        return base, f"{hand} (tuning failed: {type(exc).__name__}: {exc})"
+    origin = "cached" if result.get("from_cache") else f"tuned in {result.get('elapsed_s', 0):.1f} s"
+    return lc.with_choice(base, shape.head_dim, choice), f"tuned ({origin}) {choice.label}; {result.get('summary', '')}"
+
+
+def launch_configs_for(shape: TuneShape, device):
+    """``(ArchLaunchConfigs, description)`` for ``shape`` on ``device``; the hand table on any failure."""
+    keys = ("GOVINDA_TUNE", "GOVINDA_TUNE_BUDGET_S", "GOVINDA_CACHE_DIR", "GOVINDA_KERNEL_ARCH")
+    return _launch_configs_for(tuple(os.environ.get(k) for k in keys), shape, str(device))
+
+
+# --------------------------------------------------------------------------------------------
+# Child side: check and time the candidates
+# --------------------------------------------------------------------------------------------
+
+
+class TuneProblems:
+    """Inputs for one shape on one device: a small check batch and the timed batches."""
+
+    def __init__(self, shape: TuneShape, device, workload: TuneWorkload, seed: int = 0):
+        import torch
+
+        self.torch = torch
+        self.layout = import_kernel("int8_kv_layout")
+        self.attention = import_kernel("int8_paged_attention")
+        self.shape, self.device, self.workload = shape, torch.device(device), workload
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[shape.dtype]
+        self.generator = torch.Generator().manual_seed(seed)
+        w = workload
+        # Decodes at batch 1 read one of several copies of their context in turn, so repeated
+        # timing runs do not find it in L2.
+        self.replicas = 1 if device_is_cpu(self.device) else 4
+        specs = {
+            "check_decode": ([1, 1, 1], [w.batched_context // 2 + 37, 45, 2 * shape.block_size + 3], 3),
+            "check_prefill": (list(w.check_prefill_query_lens), list(w.check_prefill_seq_lens), 0),
+            **{f"decode_1_{i}": ([1], [w.decode_context], 1) for i in range(self.replicas)},
+            "decode_b": ([1] * w.batched_decodes, [w.batched_context] * w.batched_decodes, w.batched_decodes),
+            "prefill": ([w.prefill_tokens], [w.prefill_tokens], 0),
+        }
+        num_blocks = 1 + sum(-(-n // shape.block_size) for _, seq_lens, _ in specs.values() for n in seq_lens)
+        self.cache = torch.zeros(
+            self.layout.cache_shape(num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim),
+            dtype=torch.int8,
+            device=self.device,
+        )
+        self._next_block = 1
+        batches = {name: self._batch(*spec) for name, spec in specs.items()}
+        # Random K/V for the checked batches (the reference quantizer: the store kernel is the
+        # self-test's business); the timed ones read zero pages (the same bytes move).
+        for name in ("check_decode", "check_prefill"):
+            self._fill(batches[name])
+        self.check_decode, self.check_prefill = batches["check_decode"], batches["check_prefill"]
+        self.decode_1 = [batches[f"decode_1_{i}"] for i in range(self.replicas)]
+        self.decode_b, self.prefill = batches["decode_b"], batches["prefill"]
+
+    def _fill(self, batch: dict) -> None:
+        torch, bs = self.torch, self.shape.block_size
+        slots = []
+        for row, seq_len in zip(batch["block_table"].tolist(), batch["seq_lens"].tolist()):
+            slots.extend(row[p // bs] * bs + p % bs for p in range(seq_len))
+        keys = self._randn(len(slots), self.shape.num_kv_heads, self.shape.head_dim)
+        slot_mapping = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        self.layout.store_reference(keys, self._randn(*keys.shape), self.cache, slot_mapping, bs)
+
+    def _randn(self, *shape):
+        return self.torch.randn(*shape, generator=self.generator).to(device=self.device, dtype=self.dtype)
+
+    def _batch(self, query_lens, seq_lens, num_decodes) -> dict:
+        torch = self.torch
+        bs = self.shape.block_size
+        tables = []
+        for seq_len in seq_lens:
+            count = -(-seq_len // bs)
+            tables.append(list(range(self._next_block, self._next_block + count)))
+            self._next_block += count
+        width = max(len(t) for t in tables)
+        block_table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=self.device)
+        starts = [0]
+        for length in query_lens:
+            starts.append(starts[-1] + length)
+        query = self._randn(starts[-1], self.shape.num_q_heads, self.shape.head_dim)
+        return dict(
+            query=query,
+            output=torch.zeros_like(query),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=self.device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=self.device),
+            block_table=block_table,
+            num_decodes=num_decodes,
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+        )
+
+    def run(self, batch: dict, configs, workspace=None):
+        self.attention.paged_attention_int8(
+            batch["query"], self.cache, batch["output"], batch["query_start_loc"], batch["seq_lens"], batch["block_table"],
+            block_size=self.shape.block_size, num_kv_heads=self.shape.num_kv_heads,
+            softmax_scale=self.shape.head_dim**-0.5, max_query_len=batch["max_query_len"],
+            max_seq_len=batch["max_seq_len"], num_decodes=batch["num_decodes"], workspace=workspace, configs=configs,
+        )
+        return batch["output"]
+
+    def check(self, batch: dict, configs) -> float:
+        """Largest error of ``configs`` against the fp32 reference, relative to the bound."""
+        output = self.run(batch, configs).float()
+        expected = self.attention.attention_reference(
+            batch["query"], self.cache, batch["query_start_loc"], batch["seq_lens"], batch["block_table"],
+            block_size=self.shape.block_size, num_kv_heads=self.shape.num_kv_heads,
+            softmax_scale=self.shape.head_dim**-0.5,
+        )
+        if not bool(self.torch.isfinite(output).all()):
+            return math.inf
+        # Two roundings to the query dtype (P before the PV product, then the output), as in
+        # tests/kernels/test_int8_paged_attention.py; 2x margin for fp32 summation order.
+        unit = {self.torch.bfloat16: 2.0**-8, self.torch.float16: 2.0**-11}[self.dtype]
+        bound = 4 * unit * max(float(expected.abs().max()), 1.0)
+        return float((output - expected).abs().max()) / bound
+
+
+def device_is_cpu(device) -> bool:
+    import torch
+
+    return torch.device(device).type != "cuda"
+
+
+def default_timer(problems: TuneProblems) -> Callable:
+    """``timer(run, part, label)``: seconds per call of ``run()`` on this device."""
+    torch = problems.torch
+    if device_is_cpu(problems.device):
+        def cpu_timer(run, part=None, label=None):
+            run()
+            started = time.perf_counter()
+            run()
+            return time.perf_counter() - started
+
+        return cpu_timer
+
+    def gpu_timer(run, part=None, label=None, calls: int = 20, replays: int = 3):
+        run()  # compile and warm up outside the capture
+        torch.cuda.synchronize()
+        stream = torch.cuda.Stream()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.stream(stream):
+                run()
+                stream.synchronize()
+                with torch.cuda.graph(graph, stream=stream):
+                    for _ in range(calls):
+                        run()
+            replay = graph.replay
+        except Exception:  # a platform without graph capture: time eager launches
+            def replay():
+                for _ in range(calls):
+                    run()
+        times = []
+        for _ in range(replays):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3 / calls)
+        return sorted(times)[len(times) // 2]
+
+    return gpu_timer
+
+
+@dataclass
+class Trial:
+    part: str  # decode_b1 | decode_batched | prefill
+    label: str
+    seconds: Optional[float] = None
+    error_ratio: Optional[float] = None
+    problem: str = ""
+
+    @property
+    def usable(self) -> bool:
+        return self.seconds is not None and not self.problem
+
+
+def run_tuning(
+    shape: TuneShape,
+    device,
+    *,
+    budget_s: float,
+    workload: Optional[TuneWorkload] = None,
+    timer: Optional[Callable] = None,
+    candidates=None,
+    base=None,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict:
+    """Pick, per part, the fastest candidate that matches the reference, within ``budget_s``."""
+    lc = import_kernel("launch_configs")
+    started = clock()
+    deadline = started + budget_s
+    base = base or lc.get_launch_configs(device)
+    candidates = candidates or lc.tuning_candidates(base.key, shape.head_dim)
+    if workload is None:
+        workload = INTERPRETER_WORKLOAD if device_is_cpu(device) else DEFAULT_WORKLOAD
+    problems = TuneProblems(shape, device, workload)
+    timer = timer or default_timer(problems)
+    chosen = lc.choice_from_table(base, shape.head_dim)
+    trials: list[Trial] = []
+    policy = replace(base.decode_splits, max_splits=candidates.max_splits)
+
+    def try_candidate(part: str, label: str, configs, check_batch, timed: Callable) -> Trial:
+        trial = Trial(part, label)
+        trials.append(trial)
+        try:
+            trial.error_ratio = problems.check(check_batch, configs)
+            if not trial.error_ratio <= 1.0:
+                trial.problem = f"wrong result: error {trial.error_ratio:.3g} x the bound"
+            else:
+                trial.seconds = float(timer(timed, part, label))
+        except Exception as exc:  # e.g. out of shared memory on a smaller GPU
+            trial.problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        state = f"{trial.seconds * 1e6:.1f} us" if trial.usable else f"rejected ({trial.problem})"
+        _log(f"[{len(trials)}] {part} {label}: {state}")
+        return trial
+
+    def decode_configs(tile, policy_):
+        return replace(base, decode={**dict(base.decode), shape.head_dim: tile}, decode_splits=policy_)
+
+    def timed_decode(configs, batches):
+        workspace = problems.attention.DecodeWorkspace.allocate(
+            max(b["num_decodes"] for b in batches), shape.num_q_heads, shape.head_dim, problems.device,
+            num_kv_heads=shape.num_kv_heads, configs=configs,
+        )
+        state = {"i": 0}
+
+        def run():
+            batch = batches[state["i"] % len(batches)]
+            state["i"] += 1
+            problems.run(batch, configs, workspace)
+
+        return run
+
+    skipped: list[str] = []
+
+    def fastest(part: str, options, until: float, check_batch, timed_batches):
+        """The fastest usable (seconds, option) of ``(label, configs, option)`` triples, or None."""
+        best = None
+        for label, configs, option in options:
+            if clock() >= until:
+                skipped.append(f"{part} {label}")
+                continue
+            trial = try_candidate(part, label, configs, check_batch, timed_decode(configs, timed_batches))
+            if trial.usable and (best is None or trial.seconds < best[0]):
+                best = (trial.seconds, option)
+        return best
+
+    # 1. Decode tile x split policy at batch 1, then 2. the batched policy: half the budget.
+    decode_deadline = started + budget_s / 2
+    best_b1 = fastest(
+        "decode_b1",
+        (
+            (f"{tile.label} pps{per_sm}", decode_configs(tile, replace(policy, programs_per_sm=per_sm, batched_programs_per_sm=None)), (tile, per_sm))
+            for tile in candidates.decode
+            for per_sm in candidates.programs_per_sm
+        ),
+        decode_deadline, problems.check_decode, problems.decode_1,
+    )
+    best_batched = None
+    if best_b1 is not None:
+        _, (tile, per_sm) = best_b1
+        best_batched = fastest(
+            "decode_batched",
+            (
+                (f"{tile.label} pps{per_sm}/{batched}", decode_configs(tile, replace(policy, programs_per_sm=per_sm, batched_programs_per_sm=batched)), batched)
+                for batched in candidates.batched_programs_per_sm
+            ),
+            decode_deadline, problems.check_decode, [problems.decode_b],
+        )
+        batched = best_batched[1] if best_batched else None
+        chosen = replace(
+            chosen, decode=tile, decode_splits=replace(policy, programs_per_sm=per_sm, batched_programs_per_sm=batched)
+        )
+    # 3. Prefill tiles, warps, stages: the rest of the budget, and at least its half even if
+    # the decode part overran (one slow compile must not starve prefill).
+    prefill_deadline = max(deadline, clock() + budget_s / 2)
+    best_prefill: Optional[tuple] = None
+    for config in candidates.prefill:
+        if clock() >= prefill_deadline:
+            skipped.append(f"prefill {config.label}")
+            continue
+        configs = replace(base, prefill={**dict(base.prefill), shape.head_dim: config})
+        trial = try_candidate(
+            "prefill", config.label, configs, problems.check_prefill, lambda c=configs: problems.run(problems.prefill, c)
+        )
+        if trial.usable and (best_prefill is None or trial.seconds < best_prefill[0]):
+            best_prefill = (trial.seconds, config)
+    if best_prefill is not None:
+        chosen = replace(chosen, prefill=best_prefill[1])
+    elapsed = clock() - started
+    parts = {
+        "decode": best_b1 is not None,
+        "decode_batched": best_batched is not None,
+        "prefill": best_prefill is not None,
+    }
+    kept = [name for name, found in parts.items() if not found]
+    summary = f"{len([t for t in trials if t.usable])}/{len(trials)} candidates usable, {elapsed:.1f} s"
+    if skipped:
+        summary += f", budget left {len(skipped)} untried"
+    if kept:
+        summary += f", hand table kept for {'/'.join(kept)}"
+    _log(f"chose {chosen.label} ({summary})")
+    return {
+        "ok": True,
+        "shape": asdict(shape),
+        "table": base.key,
+        "choice": chosen.to_json(),
+        "label": chosen.label,
+        "summary": summary,
+        "elapsed_s": round(elapsed, 2),
+        "budget_s": budget_s,
+        "skipped": skipped,
+        "trials": [asdict(t) for t in trials],
+        # A partial pick (budget ran out) is still cached: later starts must not pay again.
+        "cacheable": True,
+    }
+
+
+def main_json(shape_json: str, device_index: int, budget_s: float) -> int:
+    """``python -m govinda_patch tune --json``: one JSON line with the result."""
+    try:
+        import torch
+
+        shape = TuneShape.from_json(shape_json)
+        if torch.cuda.is_available():
+            torch.cuda.set_device(device_index)
+            device = torch.device("cuda", device_index)
+        elif os.environ.get("TRITON_INTERPRET") == "1":
+            device = torch.device("cpu")
+        else:
+            raise RuntimeError("no GPU visible (set TRITON_INTERPRET=1 to tune on the CPU interpreter)")
+        result = run_tuning(shape, device, budget_s=budget_s)
+    except Exception as exc:
+        result = {"ok": False, "reason": f"{type(exc).__name__}: {exc}"[:400], "cacheable": False}
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+def main_cached(shape_json: str, device_index: int) -> int:
+    """``python -m govinda_patch tune --cached``: what a server start would use for the shape
+    (read from the cache, or tuned now and cached); exit 1 when tuning failed."""
+    import torch
+
+    shape = TuneShape.from_json(shape_json)
+    device = torch.device("cuda", device_index) if torch.cuda.is_available() else torch.device("cpu")
+    _, description = launch_configs_for(shape, device)
+    print(f"{shape.key()}: {description}", flush=True)
+    return 1 if "tuning failed" in description else 0

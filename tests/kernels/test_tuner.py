@@ -1,0 +1,186 @@
+"""The self-tuner (govinda_patch/tuner.py) under the CPU interpreter.
+
+Candidates run through the real kernels and are checked against the torch reference; only the
+timings are injected (the interpreter's times say nothing about a GPU), so the selection logic
+is tested against known speeds.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from govinda_patch import tuner
+from govinda_patch.kernel_package import import_kernel
+from govinda_patch.settings import Settings
+
+lc = import_kernel("launch_configs")
+attention = import_kernel("int8_paged_attention")
+K = lc.KernelConfig
+
+SHAPE = tuner.TuneShape(head_dim=64, num_q_heads=4, num_kv_heads=2, block_size=16, dtype="fp16")
+TABLE = lc.ARCH_TABLES["interpreter"]
+
+
+def fake_timer(seconds_by_label):
+    calls = []
+
+    def timer(run, part, label):
+        calls.append((part, label))
+        return seconds_by_label[(part, label)]
+
+    timer.calls = calls
+    return timer
+
+
+def test_picks_the_fastest_candidate_that_matches_the_reference(monkeypatch):
+    # n16 is fast but "miscompiled" (its output is corrupted below); n24 does not compile
+    # (tl.arange needs a power of two); n32 is correct but slower than n16; of the prefill tiles the
+    # 32-row one is fastest.
+    real = attention.paged_attention_int8
+
+    def corrupting(*args, configs=None, **kwargs):
+        out = real(*args, configs=configs, **kwargs)
+        if configs is not None and kwargs.get("num_decodes") and configs.decode_config(SHAPE.head_dim).block_n == 16:
+            out.add_(1.0)
+        return out
+
+    monkeypatch.setattr(attention, "paged_attention_int8", corrupting)
+    candidates = lc.TuningCandidates(
+        decode=(K(block_n=16), K(block_n=24), K(block_n=32)),
+        programs_per_sm=(1, 2),
+        batched_programs_per_sm=(1, 2),
+        prefill=(K(block_m=16, block_n=16), K(block_m=32, block_n=16)),
+        max_splits=16,
+    )
+    times = {
+        ("decode_b1", "m16n16w4s1 pps1"): 1.0,
+        ("decode_b1", "m16n16w4s1 pps2"): 1.0,
+        ("decode_b1", "m16n32w4s1 pps1"): 3.0,
+        ("decode_b1", "m16n32w4s1 pps2"): 2.0,
+        ("decode_batched", "m16n32w4s1 pps2/1"): 5.0,
+        ("decode_batched", "m16n32w4s1 pps2/2"): 4.0,
+        ("prefill", "m16n16w4s1"): 7.0,
+        ("prefill", "m32n16w4s1"): 6.0,
+    }
+    timer = fake_timer(times)
+    result = tuner.run_tuning(SHAPE, "cpu", budget_s=600, timer=timer, candidates=candidates, base=TABLE)
+
+    choice = lc.TunedChoice.from_json(result["choice"])
+    assert choice.decode == K(block_n=32)
+    assert (choice.decode_splits.programs_per_sm, choice.decode_splits.batched_programs_per_sm) == (2, 2)
+    assert choice.prefill == K(block_m=32, block_n=16)
+    trials = {(t["part"], t["label"]): t for t in result["trials"]}
+    assert trials[("decode_b1", "m16n16w4s1 pps1")]["problem"].startswith("wrong result")
+    assert trials[("decode_b1", "m16n24w4s1 pps1")]["problem"]  # compile error, recorded
+    assert trials[("decode_b1", "m16n24w4s1 pps1")]["seconds"] is None
+    # Rejected candidates are never timed; correct ones pass the check within the bound.
+    assert ("decode_b1", "m16n16w4s1 pps1") not in timer.calls
+    assert trials[("decode_b1", "m16n32w4s1 pps2")]["error_ratio"] <= 1.0
+    assert result["ok"] and not result["skipped"]
+
+
+def test_budget_stops_tuning_and_keeps_the_hand_table_for_the_rest():
+    # A clock that advances 10 s per reading: the decode half of a 25 s budget ends after the
+    # first trial; prefill still gets its half (12.5 s) and ends after its first.
+    ticks = iter(range(0, 10_000, 10))
+    candidates = lc.TuningCandidates(
+        decode=(K(block_n=16), K(block_n=32)),
+        programs_per_sm=(1,),
+        batched_programs_per_sm=(1, 2),
+        prefill=(K(block_m=32, block_n=16), K(block_m=16, block_n=16)),
+        max_splits=16,
+    )
+    timer = lambda run, part, label: 1.0  # noqa: E731
+    result = tuner.run_tuning(
+        SHAPE, "cpu", budget_s=25, timer=timer, candidates=candidates, base=TABLE, clock=lambda: next(ticks)
+    )
+    choice = lc.TunedChoice.from_json(result["choice"])
+    tried = [(t["part"], t["label"]) for t in result["trials"]]
+    assert tried == [("decode_b1", "m16n16w4s1 pps1"), ("prefill", "m32n16w4s1")]
+    assert choice.decode == K(block_n=16)
+    # The batched policy was not reached: None means "same as batch 1", the table's rule.
+    assert choice.decode_splits.batched_programs_per_sm is None
+    assert choice.prefill == K(block_m=32, block_n=16)
+    assert "decode_b1 m16n32w4s1 pps1" in result["skipped"] and "prefill m16n16w4s1" in result["skipped"]
+    assert "hand table kept for decode_batched" in result["summary"]
+
+
+def test_no_budget_means_the_hand_table():
+    result = tuner.run_tuning(SHAPE, "cpu", budget_s=0, timer=lambda *a: 1.0, base=TABLE)
+    assert result["trials"] == []
+    assert lc.TunedChoice.from_json(result["choice"]) == lc.choice_from_table(TABLE, SHAPE.head_dim)
+
+
+def test_with_choice_builds_a_new_table_and_changes_the_launch():
+    before = {key: table for key, table in lc.ARCH_TABLES.items()}
+    choice = lc.TunedChoice(K(block_n=16), K(block_m=32, block_n=16), replace(TABLE.decode_splits, programs_per_sm=1))
+    tuned = lc.with_choice(TABLE, 64, choice)
+    assert dict(lc.ARCH_TABLES) == before and lc.ARCH_TABLES["interpreter"].decode_config(64) == K(block_n=32)
+    assert tuned.decode_config(64) == K(block_n=16) and tuned.prefill_config(64) == K(block_m=32, block_n=16)
+    assert tuned.decode_config(128) == TABLE.decode_config(128)  # other head sizes untouched
+    assert lc.TunedChoice.from_json(json.loads(json.dumps(choice.to_json()))) == choice
+    # The split count (hence the grid and the workspace) follows the configs passed in.
+    cpu = torch.device("cpu")
+    assert attention.decode_splits_for(1, 2, cpu, tuned) != attention.decode_splits_for(1, 2, cpu)
+
+
+class _Recorder:
+    def __init__(self, result):
+        self.result, self.calls = result, []
+
+    def __call__(self, args, **kwargs):
+        self.calls.append(args)
+        return dict(self.result)
+
+
+def _settings(tmp_path, **env):
+    return Settings.from_env({"GOVINDA_CACHE_DIR": str(tmp_path), **env})
+
+
+def test_choice_is_cached_per_shape_and_force_retunes(tmp_path, monkeypatch):
+    from govinda_patch import selftest
+
+    good = {"ok": True, "choice": lc.choice_from_table(TABLE, 64).to_json(), "elapsed_s": 1.0}
+    child = _Recorder(good)
+    monkeypatch.setattr(selftest, "_run_in_child", child)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    args = (SHAPE, torch.device("cuda", 0), "interpreter", "Fake GPU|8")
+
+    first = tuner.cached_or_tuned(_settings(tmp_path), *args)
+    second = tuner.cached_or_tuned(_settings(tmp_path), *args)
+    assert len(child.calls) == 1 and not first["from_cache"] and second["from_cache"]
+    assert second["choice"] == good["choice"]
+    other = replace(SHAPE, block_size=32)
+    tuner.cached_or_tuned(_settings(tmp_path), other, *args[1:])
+    assert len(child.calls) == 2  # another shape: its own entry
+    tuner.cached_or_tuned(_settings(tmp_path, GOVINDA_TUNE="force"), *args)
+    assert len(child.calls) == 3
+    assert "--shape" in child.calls[0] and json.loads(child.calls[0][child.calls[0].index("--shape") + 1])["head_dim"] == 64
+
+
+def test_failed_tuning_is_not_cached(tmp_path, monkeypatch):
+    from govinda_patch import selftest
+
+    child = _Recorder({"ok": False, "reason": "tuning timed out", "cacheable": False})
+    monkeypatch.setattr(selftest, "_run_in_child", child)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    args = (SHAPE, torch.device("cuda", 0), "interpreter", "Fake GPU|8")
+    for _ in range(2):
+        assert not tuner.cached_or_tuned(_settings(tmp_path), *args)["ok"]
+    assert len(child.calls) == 2
+
+
+def test_worker_lookup_falls_back_to_the_hand_table_without_a_gpu(monkeypatch):
+    monkeypatch.setenv("GOVINDA_TUNE", "auto")
+    configs, description = tuner.launch_configs_for(SHAPE, torch.device("cpu"))
+    assert configs is TABLE and "hand table interpreter" in description and "no GPU" in description
+
+
+@pytest.mark.parametrize("text", ['{"head_dim": 64}', '{"head_dim": 64, "num_q_heads": 3, "num_kv_heads": 2, "block_size": 16, "dtype": "bf16"}'])
+def test_bad_shape_is_refused(text):
+    with pytest.raises((TypeError, ValueError)):
+        tuner.TuneShape.from_json(text)

@@ -1,0 +1,139 @@
+"""The AMD compile gate (``python -m govinda_patch amd-aot``) on this CPU-only machine.
+
+The gate needs compiled-mode Triton (the kernel tests switch the interpreter on for the whole
+session), so everything that compiles runs in a child process without ``TRITON_INTERPRET``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from govinda_patch.amd_resources import parse_listing
+from overlay_testing import REPO, run_child
+
+KINDS = {"store", "decode_split", "decode_write", "decode_reduce", "prefill"}
+
+
+@pytest.fixture
+def compiled_env(base_env):
+    env = dict(base_env)
+    env.pop("TRITON_INTERPRET", None)
+    env.pop("GOVINDA_KERNEL_ARCH", None)
+    return env
+
+
+def test_ci_subset_compiles_every_kernel_for_both_targets_and_refuses_gfx906(tmp_path, compiled_env):
+    done = subprocess.run(
+        [sys.executable, "-m", "govinda_patch", "amd-aot", "--subset", "ci", "--output", str(tmp_path)],
+        cwd=REPO, env=compiled_env, capture_output=True, text=True, timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "aot_resources.json").read_text())
+    assert report["passed"] and not report["failures"]
+    rows = report["rows"]
+    for arch in ("gfx90a", "gfx942"):
+        ours = [r for r in rows if r["arch"] == arch]
+        assert {r["kernel"] for r in ours} == KINDS
+        for row in ours:
+            assert row["status"] == "ok" and row["scratch_bytes"] == 0, row
+            assert 0 < row["lds_bytes"] <= 65536 or row["kernel"] == "store"
+            assert 1 <= row["waves_per_simd"] <= 8
+            # Where LDS does not limit, our register model must agree with the compiler's own.
+            if row["waves_by_lds"] > row["waves_per_simd"] or row["lds_bytes"] == 0:
+                assert row["waves_per_simd"] == row["compiler_occupancy"], row
+    probes = [r for r in rows if r["arch"] == "gfx906"]
+    assert probes and all(r["status"] == "unsupported" for r in probes)
+    assert "unsupported target" in probes[0]["diagnostic"]
+    markdown = (tmp_path / "aot_resources.md").read_text()
+    assert "rocm_gfx9 table entries" in markdown and "gfx906: unsupported" in markdown
+
+
+def test_gate_fails_a_config_that_spills_and_captures_the_wrappers_options(child, compiled_env):
+    # 128x64 prefill tiles with 8 warps cap a wave at 256 VGPRs: scratch on gfx90a at D=128.
+    result = child(
+        """
+        from dataclasses import replace
+        from govinda_patch import amd_aot
+        from govinda_patch.kernel_package import import_kernel
+        lc = import_kernel("launch_configs")
+        table = lc.ARCH_TABLES["rocm_gfx9"]
+        spilling = lc.KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=1)
+        variant = amd_aot.Variant("candidate", ("prefill",), replace(table, prefill={128: spilling}), "spill")
+        case = amd_aot.Case(128, "bf16", 6)
+        [(kind, launch)] = amd_aot.capture_variant(variant, case)
+        row = amd_aot.run_job(amd_aot.Job("gfx90a", case, variant, kind, spilling.label, launch))
+        table_launches = amd_aot.capture_variant(amd_aot.variants(128, with_candidates=False)[0], case)
+        report({
+            "kind": kind, "options": launch.options(), "row": row,
+            "failures": len(amd_aot.gate_failures([row])),
+            "table_kinds": sorted({k for k, _ in table_launches}),
+            "prefill_constexprs": {k: str(v) for k, v in launch.kwargs.items() if k in ("BLOCK_M", "BLOCK_N", "HEAD_DIM", "GROUP")},
+        })
+        """,
+        compiled_env,
+        timeout=600,
+    )
+    assert result.returncode == 0, result
+    data = result.result
+    assert data["kind"] == "prefill" and data["options"] == {"num_warps": 8, "num_stages": 1}
+    assert data["prefill_constexprs"] == {"GROUP": "6", "HEAD_DIM": "128", "BLOCK_M": "128", "BLOCK_N": "64"}
+    assert data["row"]["status"] == "problem" and data["row"]["scratch_bytes"] > 0
+    assert data["failures"] == 1
+    assert set(data["table_kinds"]) == KINDS
+
+
+LISTING = """
+; Kernel info:
+; TotalNumSgprs: 100
+; NumVgprs: 256
+; NumAgprs: 201
+; TotalNumVgprs: 457
+; ScratchSize: 0
+; Occupancy: 1
+  .vgpr_spill_count: 0
+  .sgpr_spill_count: 8
+"""
+
+
+def test_occupancy_model():
+    heavy = parse_listing(LISTING, lds_bytes=32768, num_warps=4)
+    assert (heavy.total_vgprs, heavy.sgpr_spills, heavy.waves_by_vgpr, heavy.waves_per_simd) == (457, 8, 1, 1)
+    assert heavy.limited_by == "vgpr" and heavy.problems() == []
+    # 256 unified VGPRs -> 2 waves; 64 KiB of LDS for an 8-wave workgroup -> also 2.
+    light = parse_listing(LISTING.replace("TotalNumVgprs: 457", "TotalNumVgprs: 256"), lds_bytes=65536, num_warps=8)
+    assert (light.waves_by_vgpr, light.waves_by_lds, light.waves_per_simd, light.limited_by) == (2, 2, 2, "vgpr+lds")
+    # Granule of 8: 129 registers take 136 -> 3 waves; 4 warps with 64 KiB of LDS -> 1 wave.
+    odd = parse_listing(LISTING.replace("TotalNumVgprs: 457", "TotalNumVgprs: 129"), lds_bytes=65536, num_warps=4)
+    assert (odd.waves_by_vgpr, odd.waves_by_lds) == (3, 1)
+    over = parse_listing(LISTING.replace("ScratchSize: 0", "ScratchSize: 64"), lds_bytes=65537, num_warps=4)
+    assert len(over.problems()) == 3  # scratch, LDS over 64 KiB, no room for a workgroup
+    with pytest.raises(ValueError):
+        parse_listing("; nothing here", lds_bytes=0, num_warps=4)
+
+
+def test_committed_report_passes_and_covers_the_table():
+    path = REPO / "reports" / "amd" / "aot_resources.json"
+    report = json.loads(path.read_text())
+    assert report["subset"] == "full" and report["passed"]
+    from govinda_patch.kernel_package import import_kernel
+
+    lc = import_kernel("launch_configs")
+    table = lc.ARCH_TABLES["rocm_gfx9"]
+    for head_dim in (64, 128, 256):
+        candidates = lc.tuning_candidates("rocm_gfx9", head_dim)
+        for kind, configs in (("prefill", candidates.prefill), ("decode_split", candidates.decode)):
+            for config in configs:
+                rows = [r for r in report["rows"] if r["kernel"] == kind and r["head_dim"] == head_dim and r["config"] == config.label]
+                assert {r["arch"] for r in rows} >= {"gfx90a", "gfx942"}, (kind, head_dim, config.label)
+                assert all(r["status"] == "ok" for r in rows if r["arch"] != "gfx906")
+        for arch in ("gfx90a", "gfx942"):
+            rows = [r for r in report["rows"] if r["arch"] == arch and r["head_dim"] == head_dim and r["source"] == "table"]
+            labels = {r["kernel"]: r["config"] for r in rows}
+            # The committed report is of the table as it is now.
+            assert labels["prefill"] == table.prefill_config(head_dim).label
+            assert labels["decode_split"] == table.decode_config(head_dim).label
+            assert all(r["status"] == "ok" for r in rows)
