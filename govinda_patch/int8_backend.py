@@ -4,7 +4,8 @@ KV cache: one raw int8 row of ``2*B*H*(D+4)`` bytes per block (layout in ``kerne
 The KV-cache spec patch reports that page to vLLM as a plain ``FullAttentionSpec`` with
 ``dtype=int8`` and ``head_size=D+4`` (the 4 extra int8 "columns" per row pay for the fp32 scale),
 so every page-size computation in vLLM (allocation, hybrid alignment, unification) sees the right
-bytes. ``do_kv_cache_update`` quantizes K/V on write; ``forward`` runs our paged attention.
+bytes; vLLM 0.33 gets the same spec from ``customize_spec``. ``do_kv_cache_update`` quantizes K/V
+on write; ``forward`` runs our paged attention.
 
 It subclasses vLLM's abstract ``AttentionImpl`` directly (not TritonAttentionImpl), so no inherited
 fused rope+KV path can ever write bf16 into the INT8 cache.
