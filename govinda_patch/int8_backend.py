@@ -4,7 +4,8 @@ KV cache: one raw int8 row of ``2*B*H*(D+4)`` bytes per block (layout in ``kerne
 The KV-cache spec patch reports that page to vLLM as a plain ``FullAttentionSpec`` with
 ``dtype=int8`` and ``head_size=D+4`` (the 4 extra int8 "columns" per row pay for the fp32 scale),
 so every page-size computation in vLLM (allocation, hybrid alignment, unification) sees the right
-bytes. ``do_kv_cache_update`` quantizes K/V on write; ``forward`` runs our paged attention.
+bytes; vLLM 0.33 gets the same spec from ``customize_spec``. ``do_kv_cache_update`` quantizes K/V
+on write; ``forward`` runs our paged attention.
 
 It subclasses vLLM's abstract ``AttentionImpl`` directly (not TritonAttentionImpl), so no inherited
 fused rope+KV path can ever write bf16 into the INT8 cache.
@@ -39,6 +40,22 @@ logger = logging.getLogger("govinda")
 _layout = import_kernel("int8_kv_layout")
 _store = import_kernel("int8_kv_store")
 _attention = import_kernel("int8_paged_attention")
+
+def as_page_rows(kv_cache: torch.Tensor) -> torch.Tensor:
+    """The ``[num_blocks, page]`` int8 rows the kernels address. vLLM < 0.33 allocates that shape
+    (``get_kv_cache_shape``); 0.33 hands a 4-D ``[B, H, N, C]`` byte view whose pages are contiguous
+    (``supported_kv_cache_layouts``), which is viewed as rows without a copy."""
+    if kv_cache.dim() == 2:
+        return kv_cache
+    # Dense page: the inner dims, ordered by stride, tile the page without gaps (any order).
+    inner = sorted((stride, size) for stride, size in zip(kv_cache.stride()[1:], kv_cache.shape[1:]) if size != 1)
+    page = 1
+    for stride, size in inner:
+        if stride != page:
+            raise ValueError(f"KV cache pages are not contiguous: shape {tuple(kv_cache.shape)}, strides {kv_cache.stride()}")
+        page *= size
+    return kv_cache.as_strided((kv_cache.shape[0], page), (kv_cache.stride(0), 1))
+
 
 @dataclass
 class GovindaInt8Metadata:
@@ -138,8 +155,26 @@ class GovindaInt8AttentionBackend(AttentionBackend):
         return GovindaInt8MetadataBuilder
 
     @staticmethod
-    def get_supported_kernel_block_sizes():
+    def get_supported_kernel_block_sizes(kv_cache_spec=None):  # vLLM 0.33 passes the spec
         return [MultipleOf(16)]
+
+    @classmethod
+    def customize_spec(cls, spec):
+        """vLLM >= 0.33 asks the backend for its page (hybrid alignment, the runner's KV specs).
+        A spec the KV-spec patch already made INT8 is returned as it is."""
+        if spec.dtype == torch.int8:
+            return spec
+        from .patches.int8_kv_cache_spec import int8_spec_for
+
+        return int8_spec_for(spec)
+
+    @classmethod
+    def supported_kv_cache_layouts(cls):
+        """vLLM >= 0.33 lays the cache out itself; our kernels need each (layer, block) page as
+        one contiguous byte run, i.e. a block-compact layout."""
+        from vllm.v1.kv_cache_layout import KVCacheLayout
+
+        return tuple(layout for layout in KVCacheLayout if layout.is_block_compact)
 
     @classmethod
     def supports_block_size(cls, block_size: int | None) -> bool:
@@ -231,6 +266,7 @@ class GovindaInt8AttentionImpl(AttentionImpl):
         return kv_cache.shape[1] // self._page_bytes_per_token
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
+        kv_cache = as_page_rows(kv_cache)
         _store.store_kv_int8(key, value, kv_cache, slot_mapping, block_size=self._block_size(kv_cache))
         counters.bump("kv_store_calls")
 
@@ -252,6 +288,7 @@ class GovindaInt8AttentionImpl(AttentionImpl):
             raise NotImplementedError("fused output quantization is not supported by Govinda INT8 attention")
         if attn_metadata is None:  # profiling run
             return output.fill_(0)
+        kv_cache = as_page_rows(kv_cache)
         num_tokens = attn_metadata.num_actual_tokens
         _attention.paged_attention_int8(
             query[:num_tokens],

@@ -3,6 +3,7 @@
 #
 #   scripts/setup.sh                      # .venv (Python 3.10, like the DCU image) with vLLM 0.18.1 from the lock
 #   scripts/setup.sh --vllm 0.26.0        # the H200 validation line (Python 3.12)
+#   scripts/setup.sh --vllm 0.33.0        # the current upstream line (Python 3.12; tested on CPU only)
 #   scripts/setup.sh --venv DIR           # put the environment elsewhere (CI caches it outside the checkout)
 #   scripts/setup.sh --system             # DCU images with vLLM preinstalled: only the overlay's own deps
 #
@@ -19,7 +20,7 @@ while [ $# -gt 0 ]; do
     --vllm) VLLM_LINE="$2"; shift 2 ;;
     --venv) VENV="$2"; shift 2 ;;
     --system) SYSTEM=1; shift ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -36,8 +37,8 @@ fi
 
 case "$VLLM_LINE" in
   0.18.1) PY_VERSION=3.10 ;;
-  0.26.0) PY_VERSION=3.12 ;;
-  *) echo "setup.sh: no lock for vLLM $VLLM_LINE; have: 0.18.1 0.26.0" >&2; exit 2 ;;
+  0.26.0|0.33.0) PY_VERSION=3.12 ;;
+  *) echo "setup.sh: no lock for vLLM $VLLM_LINE; have: 0.18.1 0.26.0 0.33.0" >&2; exit 2 ;;
 esac
 LOCK="$REPO/requirements/vllm-$VLLM_LINE.lock"
 STAMP="$(sha256sum "$LOCK" | cut -c1-16)"

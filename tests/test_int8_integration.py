@@ -74,7 +74,10 @@ def test_qwen35_alignment_spec_and_unification(child, dcu_env):
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.layers.attention.attention import Attention
     from vllm.model_executor.models import ModelRegistry
-    from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
+    try:
+        from vllm.v1.core.kv_cache_planning import get_kv_cache_groups  # vLLM >= 0.33
+    except ImportError:
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
     from vllm.utils.torch_utils import set_default_torch_dtype
@@ -95,6 +98,13 @@ def test_qwen35_alignment_spec_and_unification(child, dcu_env):
                       page_size_padded=cache.mamba_page_size_padded)
     layers = {f"model.layers.{i}.self_attn.attn": spec for i in range(3, 64, 4)}
     layers.update({f"model.layers.{i}.linear_attn": mamba for i in range(64) if i % 4 != 3})
+    try:
+        from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
+    except ImportError:  # vLLM < 0.33: the runner shapes the cache with the backend's get_kv_cache_shape
+        layout = None
+    else:  # vLLM >= 0.33: the engine core resolves one layout the backends support (GDN's: any)
+        names = [l.name for l in get_supported_kv_cache_layouts([layer.get_attn_backend()])]
+        layout = resolve_kv_cache_layout(cfg, [names], layers.values()).name
     groups = get_kv_cache_groups(cfg, layers)
     attention_groups = [g.kv_cache_spec for g in groups if isinstance(g.kv_cache_spec, FullAttentionSpec)]
     report({
@@ -104,7 +114,7 @@ def test_qwen35_alignment_spec_and_unification(child, dcu_env):
         "mamba_page_padded": cache.mamba_page_size_padded, "mamba_page_unpadded": mamba.real_page_size_bytes if hasattr(mamba, "real_page_size_bytes") else None,
         "unified_blocks": sorted({s.block_size for s in attention_groups}),
         "unified_pages": sorted({g.kv_cache_spec.page_size_bytes for g in groups}),
-        "num_groups": len(groups),
+        "num_groups": len(groups), "layout": layout,
     })
     """)
     result = child(code, dcu_env)
@@ -121,6 +131,8 @@ def test_qwen35_alignment_spec_and_unification(child, dcu_env):
     (block,) = r["unified_blocks"]
     assert block % 16 == 0 and block * int8_token_bytes == r["mamba_page_padded"]
     assert r["unified_pages"] == [r["mamba_page_padded"]]
+    # vLLM >= 0.33: a block-compact layout (each page one contiguous run, as our kernels read it).
+    assert r["layout"] in (None, "LBHNC", "LBNHC", "BLHNC", "BLNHC")
     print("INT8 hybrid block size:", block)
 
     stock = child(code, dict(dcu_env, GOVINDA_DISABLE="1"))
@@ -169,7 +181,7 @@ def test_raw_cache_views_into_backend_shape_and_builder_checks_pages(child, dcu_
 
 
 MIXED_BATCH = """
-import json, os, tempfile
+import dataclasses, json, os, tempfile
 import torch
 from vllm.engine.arg_utils import EngineArgs
 from vllm.v1.attention.backend import CommonAttentionMetadata
@@ -222,12 +234,15 @@ value = qkv[:, (heads + kv_heads) * head_dim:].view(-1, kv_heads, head_dim)
 slot_mapping = torch.tensor([slot(s, seq_lens[s] - q + i) for s, q in enumerate(query_lens) for i in range(q)] + [-1, -1, -1])
 
 query_start_loc = torch.tensor([0, 1, 2, 11], dtype=torch.int32)
+# CPU copies that vLLM < 0.33 carries in the metadata (0.33 dropped these fields).
+cpu_mirrors = {"_seq_lens_cpu": torch.tensor(seq_lens, dtype=torch.int32),
+               "_num_computed_tokens_cpu": torch.tensor([s - q for s, q in zip(seq_lens, query_lens)], dtype=torch.int32)}
+cpu_mirrors = {k: v for k, v in cpu_mirrors.items() if k in {f.name for f in dataclasses.fields(CommonAttentionMetadata)}}
 common = CommonAttentionMetadata(
     query_start_loc=query_start_loc, query_start_loc_cpu=query_start_loc.clone(),
     seq_lens=torch.tensor(seq_lens, dtype=torch.int32), num_reqs=3, num_actual_tokens=num_tokens,
     max_query_len=9, max_seq_len=70, block_table_tensor=torch.tensor(tables, dtype=torch.int32),
-    slot_mapping=slot_mapping, causal=True, _seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int32),
-    _num_computed_tokens_cpu=torch.tensor([s - q for s, q in zip(seq_lens, query_lens)], dtype=torch.int32))
+    slot_mapping=slot_mapping, causal=True, **cpu_mirrors)
 metadata = builder.build(0, common)
 before = cache.clone()
 impl.do_kv_cache_update(None, key, value, cache, slot_mapping)

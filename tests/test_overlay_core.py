@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from overlay_testing import REPO, vllm_is
+from overlay_testing import REPO
 
 PATCHED_PROBE = """
 import sys
@@ -119,7 +120,9 @@ def test_bad_input_leaves_vllm_stock_with_one_clear_line(child, base_env, tmp_pa
             "govinda_patch.patches.register_int8_backend", "os.system", 1
         ),
         "missing_attribute": lambda t: t.replace("attribute: register_backend", "attribute: register_backend_removed_upstream"),
-        "version_outside_range": lambda t: t.replace('vllm_versions: ["==0.18.1", ">=0.26.0,<0.27"]\n    platforms: [rocm, cuda]\n    targets:\n      - module: vllm.config.vllm', 'vllm_versions: ["==0.1.0"]\n    platforms: [rocm, cuda]\n    targets:\n      - module: vllm.config.vllm'),
+        "version_outside_range": lambda t: re.sub(
+            r'vllm_versions: \[[^\]]*\](?=\n    platforms: \[rocm, cuda\]\n    targets:\n      - module: vllm.config.vllm)',
+            'vllm_versions: ["==0.1.0"]', t),
     }
     table = _table(tmp_path, edits[case])
     assert table.read_text() != (REPO / "patches.yaml").read_text()
@@ -150,7 +153,8 @@ def test_bad_input_leaves_vllm_stock_with_one_clear_line(child, base_env, tmp_pa
 
 
 def test_force_applies_outside_verified_versions(child, base_env, tmp_path):
-    table = _table(tmp_path, lambda t: t.replace('["==0.18.1", ">=0.26.0,<0.27"]', '["==0.1.0"]'))
+    # Every patch-level version list (4-space indent; target-level lists are deeper).
+    table = _table(tmp_path, lambda t: re.sub(r"(?m)^    vllm_versions: \[.*\]$", '    vllm_versions: ["==0.1.0"]', t))
     result = child(PATCHED_PROBE, dict(base_env, GOVINDA_PATCHES_FILE=str(table), GOVINDA_FORCE="1"))
     assert result.returncode == 0, result
     assert result.result["compute_hash_wrapped"] is True
@@ -258,24 +262,3 @@ def test_a_real_kernels_package_later_on_the_path_wins(child, base_env, tmp_path
     result = child("import kernels\nreport(getattr(kernels, 'IS_HUB_KERNELS', False))", env)
     assert result.returncode == 0, result
     assert result.result is True
-
-
-@pytest.mark.skipif(not vllm_is("==0.18.1"), reason="per-version check of the 0.18.1 targets")
-def test_every_018_target_resolves_on_the_installed_vllm(dcu_env, child):
-    code = """
-    import importlib
-    from govinda_patch.manager import Overlay
-    from govinda_patch.patching import resolve_owner
-    overlay = Overlay.from_environment()
-    missing = []
-    for entry in overlay.entries.values():
-        for target in entry.active_targets:
-            try:
-                resolve_owner(importlib.import_module(target.module), target.attribute)
-            except Exception as exc:
-                missing.append(f"{target.label}: {exc}")
-    report({"missing": missing, "targets": sum(len(e.active_targets) for e in overlay.entries.values())})
-    """
-    result = child(code, dcu_env)
-    assert result.returncode == 0, result
-    assert result.result["missing"] == [] and result.result["targets"] == 5

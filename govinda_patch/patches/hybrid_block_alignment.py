@@ -4,9 +4,10 @@ Two targets, one per vLLM line (see patches.yaml):
 - 0.18: ``HybridAttentionMambaModelConfig.verify_and_update_config`` (runs where the config is
   built, i.e. the API-server process) sizes one attention token with the module-level
   ``FullAttentionSpec``; during the call that name builds our INT8 spec instead.
-- 0.26: ``Platform._align_hybrid_block_size(vllm_config, backend_cls)`` (worker) is told the selected
-  backend; when it is ours we drive vLLM's native ``int8_per_token_head`` accounting, whose page
-  is byte-for-byte ours (2*H*(D+4) per token), by setting that cache dtype during the call.
+- 0.26 and later: ``Platform._align_hybrid_block_size(vllm_config, backend_cls)`` (worker) is told the selected
+  backend; when it is ours, 0.26 runs it with vLLM's native ``int8_per_token_head`` accounting, whose
+  page is byte-for-byte ours (2*H*(D+4) per token), by setting that cache dtype during the call;
+  0.33 sizes the token through the backend's ``customize_spec`` (ours returns the INT8 spec).
 """
 
 from __future__ import annotations
@@ -56,6 +57,13 @@ def _wrap_config_verifier(ctx) -> None:
     ctx.record.wrap(ctx.owner, ctx.attribute, align_with_int8_pages)
 
 
+def _sizes_token_through_backend() -> bool:
+    """vLLM >= 0.33 sizes the attention token with ``backend_cls.customize_spec``."""
+    from vllm.v1.attention.backend import AttentionBackend
+
+    return "customize_spec" in vars(AttentionBackend)
+
+
 def _wrap_platform_aligner(ctx) -> None:
     from govinda_patch.int8_kv import BACKEND_PATH
 
@@ -66,12 +74,17 @@ def _wrap_platform_aligner(ctx) -> None:
         if selected != BACKEND_PATH or not ctx.group_active():
             return wrapped(*args, **kwargs)
         cache_config = vllm_config.cache_config
-        stock_dtype = cache_config.cache_dtype
-        cache_config.cache_dtype = "int8_per_token_head"
-        try:
+        if _sizes_token_through_backend():
+            # Our customize_spec answers with the INT8 page; 0.33's int8_per_token_head page no
+            # longer counts the scales, so the cache dtype is left alone.
             result = wrapped(*args, **kwargs)
-        finally:
-            cache_config.cache_dtype = stock_dtype
+        else:
+            stock_dtype = cache_config.cache_dtype
+            cache_config.cache_dtype = "int8_per_token_head"
+            try:
+                result = wrapped(*args, **kwargs)
+            finally:
+                cache_config.cache_dtype = stock_dtype
         _log_result(cache_config)
         return result
 

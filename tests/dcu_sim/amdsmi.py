@@ -2,7 +2,7 @@
 
 Put this folder on PYTHONPATH (tests do it through the ``dcu_env`` fixture) so vLLM's ROCm
 platform plugin activates and ``vllm.platforms.rocm`` imports on a CPU-only machine.
-Only the functions vLLM 0.18/0.26 call at import and platform detection are provided.
+Only the functions vLLM 0.18/0.26/0.33 call at import and platform detection are provided.
 """
 
 GFX_ARCH = "gfx90a"
