@@ -12,7 +12,7 @@ import sys
 
 from . import docs
 from .config import PatchConfigError
-from .excerpt import clip, excerpt
+from .excerpt import clip
 from .manager import GovindaStrictError
 from .settings import REPO_ROOT
 
@@ -68,7 +68,7 @@ def _doctor(args) -> int:
                 verdict = cached_verdict(overlay.settings)
             except Exception as exc:
                 verdict = {"ok": False, "reason": f"self-test could not run: {type(exc).__name__}: {clip(exc)}"}
-            print(f"  self-test for group {group.name}: {'passed' if verdict.get('ok') else 'FAILED'} {excerpt(verdict, 600)}")
+            print(f"  self-test for group {group.name}: {'passed' if verdict.get('ok') else 'FAILED'} {clip(verdict, 1000)}")
             problems += 0 if verdict.get("ok") else 1
     return 1 if problems else 0
 

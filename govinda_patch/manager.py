@@ -71,7 +71,7 @@ def skipped_copy_warnings() -> list[str]:
     copies = list(getattr(guard, "skipped_copies", None) or ())
     if not copies:
         return []
-    return [f"other copies of the overlay on the path are skipped: {excerpt(copies)}; the one in use is {settings_module.REPO_ROOT}"]
+    return [f"other copies of the overlay on the path are skipped: {clip(', '.join(map(str, copies)), 600)}; the one in use is {settings_module.REPO_ROOT}"]
 
 
 def version_matches(version: str | None, specifiers: list[str]) -> bool:

@@ -26,6 +26,13 @@ class BoundedSafeLoader(yaml.SafeLoader):
         self._aliases = 0
         self._depth = 0
 
+    def fetch_flow_collection_start(self, token_class):
+        # The scanner reads a whole flow collection ahead (a '[' may start a key), with a cost
+        # quadratic in its nesting: refuse deep nesting here, before the composer sees anything.
+        if self.flow_level >= MAX_DEPTH:
+            raise YamlLimitError(f"nested deeper than {MAX_DEPTH} levels (at line {self.line + 1})")
+        super().fetch_flow_collection_start(token_class)
+
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             self._aliases += 1
