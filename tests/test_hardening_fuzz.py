@@ -20,16 +20,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-hypothesis = pytest.importorskip("hypothesis")  # pinned in requirements/vllm-*.lock
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import hypothesis  # pinned in requirements/vllm-*.lock: a missing install fails here, not skips
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from overlay_testing import REPO  # noqa: E402
+from overlay_testing import REPO
 
-from govinda_patch import bootstrap  # noqa: E402
-from govinda_patch.config import PatchConfigError, parse_table  # noqa: E402
-from govinda_patch.manager import APPLIED, PENDING, SKIPPED_PLATFORM, GovindaStrictError  # noqa: E402
-from govinda_patch.settings import GLOBAL_SWITCHES  # noqa: E402
+from govinda_patch import bootstrap
+from govinda_patch.config import PatchConfigError, parse_table
+from govinda_patch.manager import APPLIED, PENDING, SKIPPED_PLATFORM, GovindaStrictError
+from govinda_patch.settings import GLOBAL_SWITCHES
 
 BASE_TEXT = (REPO / "patches.yaml").read_text()
 BASE = yaml.safe_load(BASE_TEXT)
