@@ -7,12 +7,21 @@ It must stay tiny and must never break an interpreter:
   alone costs ~15-60 ms). When ``vllm`` finishes importing, ``govinda_patch.bootstrap`` reads
   ``patches.yaml`` and registers wrapt post-import hooks for each patch's target modules.
 Errors are reported on stderr and the overlay stays off; ``GOVINDA_STRICT=1`` re-raises them.
+
+Two copies of the repo on the path (a symlink, a second checkout) must not chain into each other:
+every sitecustomize of ours is skipped when looking for the shadowed one, and a guard in
+``sys.modules`` makes a second run in the same process (e.g. via a foreign chaining
+sitecustomize) a no-op. The overlay logs the skipped copies that are other files.
 """
 
 import os
 import sys
 
 _THIS_DIR = os.path.dirname(os.path.abspath(__file__))
+# Set on the first run in a process; holds ``skipped_copies`` for the overlay to report.
+_GUARD = "_govinda_sitecustomize_guard"
+# Every version of our sitecustomize defines this class; no foreign one does.
+_OURS = b"class _VllmImportTrigger"
 
 
 def _strict():
@@ -23,22 +32,39 @@ def _report(what, exc):
     sys.stderr.write("govinda: ERROR %s: %s: %s (overlay off in this process)\n" % (what, type(exc).__name__, exc))
 
 
-def _run_shadowed_sitecustomize():
+def _is_ours(origin):
+    try:
+        with open(origin, "rb") as handle:
+            return _OURS in handle.read(1 << 16)
+    except OSError:
+        return False
+
+
+def _run_shadowed_sitecustomize(guard):
     from importlib.machinery import PathFinder
 
-    other_paths = [p for p in sys.path if os.path.abspath(p or os.curdir) != _THIS_DIR]
-    spec = PathFinder.find_spec("sitecustomize", other_paths)
-    if spec is None or spec.loader is None:
-        return
-    from importlib.util import module_from_spec
+    for entry in sys.path:
+        if os.path.abspath(entry or os.curdir) == _THIS_DIR:
+            continue
+        spec = PathFinder.find_spec("sitecustomize", [entry])
+        if spec is None or spec.loader is None:
+            continue
+        if spec.origin and _is_ours(spec.origin):
+            if os.path.realpath(spec.origin) != os.path.realpath(__file__):
+                guard.skipped_copies.append(spec.origin)
+            continue
+        from importlib.util import module_from_spec
 
-    module = module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules[__name__].shadowed = module
+        module = module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[__name__].shadowed = module
+        return
 
 
 class _VllmImportTrigger:
     """Meta-path finder that runs ``govinda_patch.bootstrap`` right after ``import vllm`` completes."""
+
+    govinda_trigger = True
 
     def __init__(self):
         self._searching = False
@@ -93,20 +119,28 @@ class _NotifyingLoader:
             _report("overlay bootstrap failed", exc)
 
 
-try:
-    _run_shadowed_sitecustomize()
-except Exception as exc:  # a broken foreign sitecustomize must not take ours down
-    _report("shadowed sitecustomize failed", exc)
+def _start():
+    guard = type(sys)(_GUARD)
+    guard.skipped_copies = []
+    sys.modules[_GUARD] = guard
+    try:
+        _run_shadowed_sitecustomize(guard)
+    except Exception as exc:  # a broken foreign sitecustomize must not take ours down
+        _report("shadowed sitecustomize failed", exc)
 
-try:
-    if os.environ.get("GOVINDA_DISABLE", "").strip().lower() not in ("1", "true", "yes", "on"):
-        if "vllm" in sys.modules:
-            from govinda_patch import bootstrap
+    try:
+        if os.environ.get("GOVINDA_DISABLE", "").strip().lower() not in ("1", "true", "yes", "on"):
+            if "vllm" in sys.modules:
+                from govinda_patch import bootstrap
 
-            bootstrap.on_vllm_imported()
-        else:
-            sys.meta_path.insert(0, _VllmImportTrigger())
-except Exception as exc:
-    if _strict():
-        raise
-    _report("overlay start-up failed", exc)
+                bootstrap.on_vllm_imported()
+            elif not any(getattr(finder, "govinda_trigger", False) for finder in sys.meta_path):
+                sys.meta_path.insert(0, _VllmImportTrigger())
+    except Exception as exc:
+        if _strict():
+            raise
+        _report("overlay start-up failed", exc)
+
+
+if _GUARD not in sys.modules:
+    _start()

@@ -1,4 +1,8 @@
-"""``python -m govinda_patch <command>``: status | doctor | counters | selftest | tune | amd-aot | env-doc | patch-doc."""
+"""``python -m govinda_patch <command>``: status | doctor | counters | selftest | tune | amd-aot | env-doc | patch-doc.
+
+A bad patch table, or any failure in strict mode, is one ``govinda: error: ...`` line on stderr
+and exit status 2, never a traceback.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,9 @@ import json
 import sys
 
 from . import docs
+from .config import PatchConfigError
+from .excerpt import clip
+from .manager import GovindaStrictError
 from .settings import REPO_ROOT
 
 
@@ -21,12 +28,14 @@ def _status(args) -> int:
     print(" ".join(f"{k}={v or 'missing'}" for k, v in overlay.versions.items()) + f" platform={overlay.platform or 'unknown'}")
     for warning in overlay.warnings:
         print(f"warning: {warning}")
+    for error in overlay.errors:
+        print(f"error: {error}")
     for entry in overlay.entries.values():
         state = "enabled (applies when its module is imported)" if entry.state == "pending" else entry.state
         print(f"  {entry.spec.name:32s} [{entry.spec.group}] {state}{': ' + entry.reason if entry.reason else ''}")
         for target in entry.active_targets:
             print(f"      -> {target.label}")
-    return 0
+    return 1 if overlay.errors else 0
 
 
 def _doctor(args) -> int:
@@ -36,10 +45,12 @@ def _doctor(args) -> int:
     from .patching import resolve_owner
 
     overlay = Overlay.from_environment()
+    for error in overlay.errors:
+        print(f"  ERROR    {error}")
+    problems = len(overlay.errors)
     from vllm.platforms import current_platform  # doctor may import vLLM
 
     print(f"vLLM platform: {current_platform.__class__.__name__}; planned platform: {overlay.platform}")
-    problems = 0
     for entry in overlay.entries.values():
         for target in entry.active_targets:
             try:
@@ -48,13 +59,16 @@ def _doctor(args) -> int:
                 print(f"  ok       {entry.spec.name}: {target.label}")
             except Exception as exc:
                 problems += 1
-                print(f"  MISSING  {entry.spec.name}: {target.label}: {exc}")
+                print(f"  MISSING  {entry.spec.name}: {target.label}: {type(exc).__name__}: {clip(exc)}")
     for group in overlay.table.groups:
         if group.kernel_selftest:
             from .selftest import cached_verdict
 
-            verdict = cached_verdict(overlay.settings)
-            print(f"  self-test for group {group.name}: {'passed' if verdict.get('ok') else 'FAILED'} {verdict}")
+            try:
+                verdict = cached_verdict(overlay.settings)
+            except Exception as exc:
+                verdict = {"ok": False, "reason": f"self-test could not run: {type(exc).__name__}: {clip(exc)}"}
+            print(f"  self-test for group {group.name}: {'passed' if verdict.get('ok') else 'FAILED'} {clip(verdict, 1000)}")
             problems += 0 if verdict.get("ok") else 1
     return 1 if problems else 0
 
@@ -67,7 +81,7 @@ def _counters(args) -> int:
         print("no dispatch counters recorded (no process ran Govinda kernels with this GOVINDA_CACHE_DIR)")
         return 1
     for snap in snapshots:
-        print(f"pid {snap['pid']}: " + " ".join(f"{k}={v}" for k, v in sorted(snap["counters"].items())))
+        print(f"pid {snap.get('pid', '?')}: " + " ".join(f"{k}={v}" for k, v in sorted(snap["counters"].items())))
     return 0
 
 
@@ -143,7 +157,11 @@ def main(argv=None) -> int:
     handler = {
         "status": _status, "doctor": _doctor, "counters": _counters, "selftest": _selftest, "tune": _tune, "amd-aot": _amd_aot,
     }[args.command]
-    return handler(args)
+    try:
+        return handler(args)
+    except (PatchConfigError, GovindaStrictError) as exc:
+        print(f"govinda: error: {clip(exc, 1000)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from . import settings as settings_module
 from .manager import PENDING, GovindaStrictError, Overlay, configure_logging
 from .settings import Settings
 
@@ -13,24 +14,22 @@ logger = logging.getLogger("govinda")
 OVERLAY: Overlay | None = None
 
 
-def on_vllm_imported(environ=None) -> Overlay | None:
-    """Plan the patches and hook their target modules; idempotent. Never raises unless strict."""
-    global OVERLAY
-    if OVERLAY is not None:
-        return OVERLAY
-    settings = Settings.from_env(environ)
+def plan_and_report(environ=None) -> Overlay | None:
+    """Load the table and plan the patches; log each warning and error once (one line each).
+
+    Returns None when the overlay is off in this process. Never raises unless strict.
+    """
+    settings = settings_module.current() if environ is None else Settings.from_env(environ)
     configure_logging(settings.log_level)
     if settings.disabled:
         return None
     try:
-        overlay = Overlay.from_environment(environ)
+        overlay = Overlay.from_environment(environ, settings=settings)
         for warning in overlay.warnings:
             logger.warning(warning)
         overlay.check_strict()
-        OVERLAY = overlay
-        overlay.hook_targets()
-        if not any(e.state == PENDING for e in overlay.entries.values()):
-            overlay.log_status_once()
+        for error in overlay.errors:
+            logger.error(error)
     except GovindaStrictError:
         raise
     except Exception as exc:
@@ -38,4 +37,26 @@ def on_vllm_imported(environ=None) -> Overlay | None:
             raise GovindaStrictError(f"overlay could not start: {exc}") from exc
         logger.error("overlay off, vLLM runs stock: %s", exc)
         return None
+    return overlay
+
+
+def on_vllm_imported(environ=None) -> Overlay | None:
+    """Plan the patches and hook their target modules; idempotent. Never raises unless strict."""
+    global OVERLAY
+    if OVERLAY is not None:
+        return OVERLAY
+    overlay = plan_and_report(environ)
+    if overlay is None:
+        return None
+    OVERLAY = overlay
+    try:
+        overlay.hook_targets()
+    except GovindaStrictError:
+        raise
+    except Exception as exc:  # e.g. wrapt missing: whatever was hooked already is undone
+        for group in overlay.table.groups:
+            overlay.fail_group(group.name, f"hooks could not be registered: {type(exc).__name__}: {exc}")
+        return OVERLAY
+    if not any(e.state == PENDING for e in overlay.entries.values()):
+        overlay.log_status_once()
     return OVERLAY

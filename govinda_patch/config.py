@@ -8,13 +8,19 @@ pydantic's first import alone costs ~0.4 s there (the start-up budget is 5 % of 
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+from . import yaml_loader
+from .excerpt import clip, excerpt
+from .settings import GLOBAL_SWITCHES
 
 IMPLEMENTATION_PACKAGE = "govinda_patch.patches"
 NAME_PATTERN = r"[a-z][a-z0-9_]*"
@@ -31,7 +37,7 @@ class PatchConfigError(ValueError):
 
 class _Invalid(Exception):
     def __init__(self, where: str, message: str):
-        super().__init__(f"{where}: {message}")
+        super().__init__(f"{clip(where, 120)}: {message}")
 
 
 @dataclass(frozen=True)
@@ -102,7 +108,7 @@ def _text(where, value):
 def _matching(pattern: str, hint: str) -> Callable:
     def check(where, value):
         if not isinstance(value, str) or not re.fullmatch(pattern, value):
-            raise _Invalid(where, f"{value!r} must match {hint}")
+            raise _Invalid(where, f"{excerpt(value)} must match {hint}")
         return value
 
     return check
@@ -110,7 +116,7 @@ def _matching(pattern: str, hint: str) -> Callable:
 
 def _boolean(where, value):
     if not isinstance(value, bool):
-        raise _Invalid(where, f"{value!r} must be true or false")
+        raise _Invalid(where, f"{excerpt(value)} must be true or false")
     return value
 
 
@@ -119,15 +125,17 @@ def _specifiers(where, value):
         raise _Invalid(where, "must be a non-empty list of PEP 440 specifier sets")
     for spec in value:
         try:
+            if not isinstance(spec, str):
+                raise TypeError("not a string")
             SpecifierSet(spec)
         except (InvalidSpecifier, TypeError) as exc:
-            raise _Invalid(where, f"{spec!r} is not a PEP 440 specifier set ({exc})") from None
+            raise _Invalid(where, f"{excerpt(spec)} is not a PEP 440 specifier set ({clip(exc)})") from None
     return tuple(value)
 
 
 def _platform(where, value):
-    if value not in PLATFORMS:
-        raise _Invalid(where, f"{value!r} must be one of {PLATFORMS}")
+    if not isinstance(value, str) or value not in PLATFORMS:
+        raise _Invalid(where, f"{excerpt(value)} must be one of {PLATFORMS}")
     return value
 
 
@@ -144,9 +152,12 @@ def _join(where: str, key: str) -> str:
 def _record(where, value, cls, rules: dict, optional: tuple = ()):
     if not isinstance(value, dict):
         raise _Invalid(where or "top level", f"must be a mapping with keys {sorted(rules)}")
+    odd_keys = [k for k in value if not isinstance(k, str)]
+    if odd_keys:
+        raise _Invalid(where or "top level", f"key {excerpt(odd_keys[0])} is not a string; allowed: {sorted(rules)}")
     unknown = sorted(set(value) - set(rules))
     if unknown:
-        raise _Invalid(_join(where, unknown[0]), f"unknown key; allowed: {sorted(rules)}")
+        raise _Invalid(_join(where, clip(unknown[0], 60)), f"unknown key; allowed: {sorted(rules)}")
     missing = [k for k in rules if k not in value and k not in optional]
     if missing:
         raise _Invalid(_join(where, missing[0]), "required key is missing")
@@ -164,7 +175,7 @@ def _list_of(item_rule: Callable, allow_empty=False) -> Callable:
 
 def _label(where, index, item) -> str:
     name = item.get("name") if isinstance(item, dict) else None
-    return f"{where}[{index}]" + (f" ({name})" if isinstance(name, str) else "")
+    return f"{where}[{index}]" + (f" ({clip(name, 60)})" if isinstance(name, str) else "")
 
 
 TARGET_RULES = {
@@ -195,8 +206,8 @@ GROUP_RULES = {
 
 
 def _schema_version(where, value):
-    if value != 1:
-        raise _Invalid(where, f"{value!r} is not a supported schema version (1)")
+    if type(value) is not int or value != 1:
+        raise _Invalid(where, f"{excerpt(value)} is not a supported schema version (1)")
     return value
 
 
@@ -216,6 +227,9 @@ def _cross_checks(table: PatchTable) -> None:
     duplicate_envs = sorted({e for e in envs if envs.count(e) > 1})
     if duplicate_envs:
         raise _Invalid("patches", f"env switches must be unique: {duplicate_envs}")
+    taken = sorted(set(envs) & {s.name for s in GLOBAL_SWITCHES})
+    if taken:
+        raise _Invalid("patches", f"env switches must not reuse a global switch: {taken}")
     groups = {g.name for g in table.groups}
     for index, patch in enumerate(table.patches):
         if patch.group not in groups:
@@ -224,20 +238,47 @@ def _cross_checks(table: PatchTable) -> None:
 
 def parse_table(text: str, source: str) -> PatchTable:
     try:
-        raw: Any = yaml.safe_load(text)
+        raw: Any = yaml_loader.load(text)
     except yaml.YAMLError as exc:
-        raise PatchConfigError(f"{source}: not valid YAML: {exc}") from None
+        raise PatchConfigError(f"{source}: not valid YAML: {_yaml_problem(exc)}") from None
+    except Exception as exc:  # e.g. an integer too long to convert: still just a bad document
+        raise PatchConfigError(f"{source}: not valid YAML: {type(exc).__name__}: {clip(exc)}") from None
     try:
         table = _record("", raw, PatchTable, TABLE_RULES)
         _cross_checks(table)
     except _Invalid as exc:
-        raise PatchConfigError(f"{source}: {exc}") from None
+        raise PatchConfigError(f"{source}: {clip(exc, 400)}") from None
+    except Exception as exc:  # a rule that did not foresee a value: still a bad table, never a crash
+        raise PatchConfigError(f"{source}: unusable table: {type(exc).__name__}: {clip(exc)}") from None
     return table
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One bounded line: what is wrong and where (PyYAML's own text spans several lines)."""
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None)
+    if problem is None:
+        return clip(exc)
+    context = getattr(exc, "context", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return clip(f"{problem}{where}" + (f" ({context})" if context else ""))
+
+
 def load_table(path: Path) -> PatchTable:
+    """Read and validate a table; a file that is not a small regular UTF-8 file is refused unread."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PatchConfigError(f"{path}: cannot read patch table: {exc.strerror}") from None
-    return parse_table(text, str(path))
+        # O_NONBLOCK: opening a FIFO must not wait for a writer (inside vLLM's import).
+        with os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as handle:
+            regular = stat.S_ISREG(os.fstat(handle.fileno()).st_mode)
+            data = handle.read(yaml_loader.MAX_DOCUMENT_BYTES + 1) if regular else b""
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        raise PatchConfigError(f"{clip(path, 300)}: cannot read patch table: {getattr(exc, 'strerror', None) or clip(exc)}") from None
+    if not regular:
+        raise PatchConfigError(f"{clip(path, 300)}: cannot read patch table: not a regular file")
+    if len(data) > yaml_loader.MAX_DOCUMENT_BYTES:
+        raise PatchConfigError(f"{clip(path, 300)}: cannot read patch table: larger than {yaml_loader.MAX_DOCUMENT_BYTES // 1024} KiB")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PatchConfigError(f"{clip(path, 300)}: cannot read patch table: not UTF-8 (byte {exc.start})") from None
+    return parse_table(text, clip(path, 300))

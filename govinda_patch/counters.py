@@ -15,14 +15,16 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from .settings import cache_dir_from
+
 logger = logging.getLogger("govinda")
 
 _counts: Counter = Counter()
 
 
-def counters_dir() -> Path:
-    base = os.environ.get("GOVINDA_CACHE_DIR") or str(Path.home() / ".cache" / "govinda")
-    return Path(base).expanduser() / "counters"
+def counters_dir() -> Path | None:
+    base = cache_dir_from(os.environ)
+    return None if base is None else base / "counters"
 
 
 def bump(name: str) -> None:
@@ -40,6 +42,8 @@ def snapshot() -> dict[str, int]:
 def _write_snapshot() -> None:
     try:
         directory = counters_dir()
+        if directory is None:
+            return
         directory.mkdir(parents=True, exist_ok=True)
         payload = {"pid": os.getpid(), "time": time.time(), "counters": snapshot()}
         (directory / f"{os.getpid()}.json").write_text(json.dumps(payload))
@@ -48,13 +52,18 @@ def _write_snapshot() -> None:
 
 
 def read_all() -> list[dict]:
+    """Every snapshot that can be read; an unreadable directory reads as none."""
     directory = counters_dir()
-    if not directory.is_dir():
+    try:
+        paths = sorted(directory.glob("*.json")) if directory is not None and directory.is_dir() else []
+    except OSError:
         return []
     snapshots = []
-    for path in sorted(directory.glob("*.json")):
+    for path in paths:
         try:
-            snapshots.append(json.loads(path.read_text()))
+            snapshot = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
+        if isinstance(snapshot, dict) and isinstance(snapshot.get("counters"), dict):
+            snapshots.append(snapshot)
     return snapshots

@@ -4,8 +4,11 @@ Life cycle: ``Overlay.plan()`` decides each patch's state from the switches, the
 version and the platform (no vLLM import); ``hook_targets()`` registers a wrapt post-import hook per
 target module, so a patch lands when its module is imported (at once if it already is).
 Groups are all-or-nothing: a member that is switched off or skipped disables the group, and a member
-that fails reverts every member already applied. Wrappers consult ``group_active()`` on every call,
-which also runs a kernel group's one-time self-test; a failed self-test reverts the whole group.
+that fails reverts every member already applied; a member that can never apply (its target module
+or implementation is not installed) disables its group at plan time, before any effect reaches vLLM.
+Wrappers consult ``group_active()`` on every call: it is False until every member whose module is
+imported has landed, it runs a kernel group's one-time self-test (a failed self-test reverts the
+whole group), and it never raises outside strict mode (it runs inside vLLM's backend selection).
 """
 
 from __future__ import annotations
@@ -19,9 +22,13 @@ from dataclasses import dataclass, field
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from . import settings as settings_module
 from .config import GroupSpec, PatchSpec, PatchTable, TargetSpec, load_table
+from .excerpt import clip, excerpt
+from .module_lookup import module_findable
 from .patching import PatchRecord, resolve_owner
 from .settings import Settings, parse_switch
+from .switch_names import unknown_switch_warning
 from .versions import detect_platform, release_of, stack_versions
 
 logger = logging.getLogger("govinda")
@@ -38,14 +45,33 @@ class GovindaStrictError(RuntimeError):
     """Raised instead of logging when GOVINDA_STRICT=1."""
 
 
+MAX_LOG_LINE = 4000  # a backstop: messages quote bounded excerpts already
+
+
+class _OneLineFormatter(logging.Formatter):
+    """Every record is one bounded line, whatever text an exception carried."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return clip(super().format(record), MAX_LOG_LINE)
+
+
 def configure_logging(level: str) -> None:
     if not any(getattr(h, "_govinda", False) for h in logger.handlers):
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("govinda %(levelname)s [pid %(process)d] %(message)s"))
+        handler.setFormatter(_OneLineFormatter("govinda %(levelname)s [pid %(process)d] %(message)s"))
         handler._govinda = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
         logger.propagate = False
     logger.setLevel(level)
+
+
+def skipped_copy_warnings() -> list[str]:
+    """Other copies of the overlay on sys.path, which sitecustomize skipped (see its docstring)."""
+    guard = sys.modules.get("_govinda_sitecustomize_guard")
+    copies = list(getattr(guard, "skipped_copies", None) or ())
+    if not copies:
+        return []
+    return [f"other copies of the overlay on the path are skipped: {clip(', '.join(map(str, copies)), 600)}; the one in use is {settings_module.REPO_ROOT}"]
 
 
 def version_matches(version: str | None, specifiers: list[str]) -> bool:
@@ -70,7 +96,7 @@ class PatchEntry:
             return f"{self.spec.name}=partial(waiting for {', '.join(waiting)})"
         if self.state == PENDING:
             return f"{self.spec.name}=pending(import of {', '.join(sorted({t.module for t in self.active_targets}))})"
-        return f"{self.spec.name}={self.state}" + (f"({self.reason})" if self.reason else "")
+        return f"{self.spec.name}={self.state}" + (f"({clip(self.reason, 300)})" if self.reason else "")
 
 
 @dataclass
@@ -101,15 +127,20 @@ class Overlay:
         self.entries = {p.name: PatchEntry(p) for p in table.patches}
         self.failed_groups: dict[str, str] = {}
         self.verified_groups: set[str] = set()
+        self.landed_groups: set[str] = set()
         self.status_logged = False
         self.warnings: list[str] = list(settings.warnings)
+        # One line per group that can never apply here, logged at ERROR (strict: raised).
+        self.errors: list[str] = []
 
     # ------------------------------------------------------------------ planning
     @classmethod
-    def from_environment(cls, environ=None) -> "Overlay":
-        settings = Settings.from_env(environ)
+    def from_environment(cls, environ=None, settings: Settings | None = None) -> "Overlay":
+        if settings is None:
+            settings = settings_module.current() if environ is None else Settings.from_env(environ)
         table = load_table(settings.patches_file)
         overlay = cls(settings, table, stack_versions(), detect_platform(settings.platform_override))
+        overlay.warnings += skipped_copy_warnings()
         overlay.plan(os.environ if environ is None else environ)
         return overlay
 
@@ -119,15 +150,22 @@ class Overlay:
         if self.settings.explicit_set is not None:
             unknown = [n for n in self.settings.explicit_set if n not in valid_names]
             if unknown:
-                self.warnings.append(f"GOVINDA_PATCHES names unknown patches/groups {unknown}; valid: {valid_names}")
+                self.warnings.append(f"GOVINDA_PATCHES names unknown patches/groups {excerpt(unknown)}; valid: {valid_names}")
             explicit = set(self.settings.explicit_set)
-        group_switches = {g.name: parse_switch(environ, g.env, self.warnings) for g in self.table.groups}
+        unknown_switches = unknown_switch_warning(environ, self.table)
+        if unknown_switches:
+            self.warnings.append(unknown_switches)
+        ignored = "ignored: GOVINDA_PATCHES decides" if explicit is not None else None
+        group_switches = {
+            g.name: parse_switch(environ, g.env, self.warnings, ignored or "ignored: each member's own switch or default applies")
+            for g in self.table.groups
+        }
 
         vllm_version = self.versions.get("vllm")
         for entry in self.entries.values():
             spec = entry.spec
-            patch_switch = parse_switch(environ, spec.env, self.warnings)
             if explicit is not None:
+                parse_switch(environ, spec.env, self.warnings, ignored)
                 enabled = spec.name in explicit or spec.group in explicit
                 why_off = "not in GOVINDA_PATCHES"
             else:
@@ -135,6 +173,7 @@ class Overlay:
                 if group_switches[spec.group] is not None:
                     enabled = group_switches[spec.group]
                     why_off = f"{self.table.group(spec.group).env}=0"
+                patch_switch = parse_switch(environ, spec.env, self.warnings, f"ignored: {spec.name} stays {'on' if enabled else 'off'}")
                 if patch_switch is not None:
                     enabled = patch_switch
                     why_off = f"{spec.env}=0"
@@ -157,7 +196,28 @@ class Overlay:
             entry.active_targets = [t for t in spec.targets if self._target_applies(t, vllm_version)]
             if not entry.active_targets:
                 entry.state, entry.reason = SKIPPED_VERSION, f"no target declared for vLLM {vllm_version}"
+        self._fail_unresolvable(vllm_version)
         self._enforce_groups()
+
+    def _fail_unresolvable(self, vllm_version: str | None) -> None:
+        """A member whose target module or implementation is not installed can never apply: its
+        group is off from the start, in every process alike (no import of vLLM's modules)."""
+        problems: dict[str, list[str]] = {}
+        for entry in self.entries.values():
+            if entry.state != PENDING:
+                continue
+            missing = [t.module for t in entry.active_targets if not module_findable(t.module)]
+            if missing:
+                entry.reason = f"target module {missing[0]} is not in the installed vLLM {vllm_version}"
+            elif not module_findable(entry.spec.implementation):
+                entry.reason = f"implementation {entry.spec.implementation} does not exist"
+            else:
+                continue
+            entry.state = FAILED
+            problems.setdefault(entry.spec.group, []).append(f"{entry.spec.name}: {entry.reason}")
+        for group, lines in problems.items():
+            self.failed_groups[group] = "; ".join(lines)
+            self.errors.append(f"group {group} off, vLLM runs stock: {'; '.join(lines)}")
 
     def _target_applies(self, target: TargetSpec, vllm_version: str) -> bool:
         if target.platform is not None and self.platform is not None and target.platform != self.platform:
@@ -203,8 +263,7 @@ class Overlay:
             implementation = importlib.import_module(entry.spec.implementation)
             implementation.apply(PatchContext(self, entry, target, module, owner, attribute))
         except Exception as exc:  # any failure leaves stock vLLM for the whole group
-            entry.record.revert()
-            self.fail_group(group, f"{entry.spec.name} on {target.label}: {type(exc).__name__}: {exc}", failed=entry)
+            self.fail_group(group, f"{entry.spec.name} on {target.label}: {type(exc).__name__}: {clip(exc)}", failed=entry)
             return
         entry.applied_targets.add(target.label)
         if all(t.label in entry.applied_targets for t in entry.active_targets):
@@ -219,7 +278,10 @@ class Overlay:
         for entry in self.entries.values():
             if entry.spec.group != group:
                 continue
-            entry.record.revert()
+            try:
+                entry.record.revert()
+            except Exception as exc:  # keep reverting the others; the line below says what is left
+                reason += f"; revert of {entry.spec.name} failed: {type(exc).__name__}: {clip(exc, 80)}"
             if entry is failed:
                 entry.state, entry.reason = FAILED, reason
             elif entry.state in (PENDING, APPLIED):
@@ -231,21 +293,61 @@ class Overlay:
         self.log_status_once()  # no-op when the status line is already out: one per process
 
     def group_active(self, group_name: str) -> bool:
-        """Called by wrappers on each call: False means 'behave like stock vLLM'."""
+        """Called by wrappers on each call: False means 'behave like stock vLLM'. Never raises
+        outside strict mode: an unexpected error turns the group off with one line."""
+        try:
+            return self._group_active(group_name)
+        except GovindaStrictError:
+            raise
+        except Exception as exc:
+            if group_name not in self.failed_groups:
+                self.fail_group(group_name, f"could not decide whether the group is active: {type(exc).__name__}: {clip(exc)}")
+            return False
+
+    def _group_active(self, group_name: str) -> bool:
         if group_name in self.failed_groups:
             return False
+        if group_name not in self.landed_groups:
+            if not self._members_landed(group_name):
+                return False
         if group_name in self.verified_groups:
             return True
         group: GroupSpec = self.table.group(group_name)
         if group.kernel_selftest and self.settings.selftest == "auto":
             from .selftest import cached_verdict
 
-            verdict = cached_verdict(self.settings)
+            try:
+                verdict = cached_verdict(self.settings)
+            except Exception as exc:
+                verdict = {"ok": False, "reason": f"self-test could not run: {type(exc).__name__}: {clip(exc)}"}
+            uncached = verdict.get("uncached")
             if not verdict.get("ok"):
-                self.fail_group(group_name, f"kernel self-test failed: {verdict.get('reason', 'unknown')}")
+                reason = clip(verdict.get("reason") or "unknown", 300) + (f" ({uncached})" if uncached else "")
+                self.fail_group(group_name, f"kernel self-test failed: {reason}")
                 return False
-            logger.info("kernel self-test passed on %s (%s)", verdict.get("device"), verdict.get("summary", ""))
+            passed = f"kernel self-test passed on {verdict.get('device')} ({clip(verdict.get('summary', ''), 300)})"
+            if uncached:
+                if self.settings.strict:
+                    raise GovindaStrictError(f"{passed}, but {uncached}")
+                logger.warning("%s, but %s", passed, uncached)
+            else:
+                logger.info(passed)
         self.verified_groups.add(group_name)
+        return True
+
+    def _members_landed(self, group_name: str) -> bool:
+        """False while a member's module is imported but its patch has not landed yet (it is still
+        being imported): no member may take effect before the others that vLLM can already see."""
+        done = True
+        for entry in self.entries.values():
+            if entry.spec.group != group_name or entry.state != PENDING:
+                continue
+            done = False
+            for target in entry.active_targets:
+                if target.label not in entry.applied_targets and target.module in sys.modules:
+                    return False
+        if done:
+            self.landed_groups.add(group_name)
         return True
 
     def revert_all(self) -> None:
@@ -275,7 +377,7 @@ class Overlay:
         """In strict mode, any warning, version skip or failure is an error."""
         if not self.settings.strict:
             return
-        problems = list(self.warnings)
+        problems = list(self.warnings) + list(self.errors)
         problems += [e.describe() for e in self.entries.values() if e.state in (SKIPPED_VERSION, FAILED)]
         if problems:
             raise GovindaStrictError("; ".join(problems))

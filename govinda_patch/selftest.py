@@ -45,20 +45,44 @@ def _cache_key() -> str:
 
 
 def cached_verdict(settings) -> dict:
-    directory = Path(settings.cache_dir) / "selftest"
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{_cache_key()}.json"
-    with open(directory / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one child at a time (e.g. several TP workers)
-        if path.exists():
-            try:
-                return json.loads(path.read_text())
-            except ValueError:
-                pass
+    """The verdict for this machine, from the cache or a fresh child run.
+
+    A cache directory that cannot be created, locked or written (read-only HOME, a path under a
+    regular file) never stops the decision: the child runs uncached and the verdict carries an
+    ``uncached`` note for the caller's one log line.
+    """
+    directory = Path(settings.cache_dir) / "selftest" if settings.cache_dir is not None else None
+    try:
+        if directory is None:
+            raise FileNotFoundError("no home directory and GOVINDA_CACHE_DIR unset")
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = open(directory / ".lock", "a")
+    except OSError as exc:
+        return dict(_run_in_child(), uncached=_uncached_note(directory, exc))
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one child at a time (e.g. several TP workers)
+        except OSError as exc:
+            return dict(_run_in_child(), uncached=_uncached_note(directory, exc))
+        path = directory / f"{_cache_key()}.json"
+        try:
+            cached = json.loads(path.read_text())
+            if isinstance(cached, dict):
+                return cached
+        except (OSError, ValueError):
+            pass
         verdict = _run_in_child()
         if verdict.get("cacheable", True):
-            path.write_text(json.dumps(verdict))
+            try:
+                path.write_text(json.dumps(verdict))
+            except OSError as exc:
+                verdict = dict(verdict, uncached=_uncached_note(directory, exc))
         return verdict
+
+
+def _uncached_note(directory, exc: OSError) -> str:
+    reason = exc.strerror or str(exc)
+    return f"its verdict is not cached ({directory or 'no cache directory'}: {type(exc).__name__}: {reason}), so every process runs it again"
 
 
 def _run_in_child(args=("selftest", "--json"), timeout_s=SELFTEST_TIMEOUT_S, what="self-test", stream_stderr=False) -> dict:

@@ -2,15 +2,18 @@
 
 Per-patch and per-group switches are declared in ``patches.yaml`` (``env:`` keys); this module
 holds the switches that exist regardless of the table. Malformed values never raise: they produce
-one warning that lists the valid choices and fall back to the default (strict mode turns the
-warning into an error at apply time).
+one warning that lists the valid choices and says what applies instead (strict mode turns the
+warning into an error at apply time). ``current()`` parses ``os.environ`` once per process.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .excerpt import excerpt
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -90,8 +93,8 @@ GLOBAL_SWITCHES = (
 )
 
 
-def _read_flag(environ, name: str, warnings: list[str]) -> bool:
-    return bool(parse_switch(environ, name, warnings))
+def _read_flag(environ, name: str, warnings: list[str], meaning_of_default: str) -> bool:
+    return bool(parse_switch(environ, name, warnings, fallback=f"using the default 0 ({meaning_of_default})"))
 
 
 def _read_choice(environ, name: str, choices: tuple[str, ...], default: str, warnings: list[str], upper=False) -> str:
@@ -101,7 +104,7 @@ def _read_choice(environ, name: str, choices: tuple[str, ...], default: str, war
     value = raw.strip().upper() if upper else raw.strip().lower()
     if value in choices:
         return value
-    warnings.append(f"{name}={raw!r} is not a valid value; use one of {choices}; using {default!r}")
+    warnings.append(f"{name}={excerpt(raw, 80)} is not a valid value; use one of {choices}; using {default!r}")
     return default
 
 
@@ -115,12 +118,15 @@ def _read_seconds(environ, name: str, default: float, warnings: list[str]) -> fl
         value = -1.0
     if value > 0 and value == value and value != float("inf"):
         return value
-    warnings.append(f"{name}={raw!r} is not a positive number of seconds; using {default:g}")
+    warnings.append(f"{name}={excerpt(raw, 80)} is not a positive number of seconds; using {default:g}")
     return default
 
 
-def parse_switch(environ, name: str, warnings: list[str]) -> bool | None:
-    """A per-patch/per-group switch: True/False when set, None when unset."""
+def parse_switch(environ, name: str, warnings: list[str], fallback: str) -> bool | None:
+    """An on/off switch: True/False when set, None when unset or malformed.
+
+    ``fallback`` says what applies instead of a malformed value (the warning must tell the truth).
+    """
     raw = environ.get(name)
     if raw is None or raw.strip() == "":
         return None
@@ -129,7 +135,7 @@ def parse_switch(environ, name: str, warnings: list[str]) -> bool | None:
         return True
     if value in FALSE_WORDS:
         return False
-    warnings.append(f"{name}={raw!r} is not a valid value; use one of {TRUE_WORDS + FALSE_WORDS}; ignoring it (off)")
+    warnings.append(f"{name}={excerpt(raw, 80)} is not a valid value; use one of {TRUE_WORDS + FALSE_WORDS}; {fallback}")
     return None
 
 
@@ -144,7 +150,7 @@ class Settings:
     selftest: str = "auto"
     tune: str = "auto"
     tune_budget_s: float = DEFAULT_TUNE_BUDGET_S
-    cache_dir: Path = Path.home() / ".cache" / "govinda"
+    cache_dir: Path | None = field(default_factory=lambda: default_cache_dir())
     platform_override: str | None = None
     warnings: list[str] = field(default_factory=list)
 
@@ -157,18 +163,41 @@ class Settings:
         if explicit_raw is not None and explicit_raw.strip():
             explicit = tuple(name.strip() for name in explicit_raw.split(",") if name.strip())
         platform = _read_choice(environ, "GOVINDA_PLATFORM", PLATFORMS, "", warnings) or None
-        cache_dir = environ.get("GOVINDA_CACHE_DIR") or str(Path.home() / ".cache" / "govinda")
         return cls(
-            disabled=_read_flag(environ, "GOVINDA_DISABLE", warnings),
+            disabled=_read_flag(environ, "GOVINDA_DISABLE", warnings, "the overlay stays on"),
             explicit_set=explicit,
             patches_file=Path(environ.get("GOVINDA_PATCHES_FILE") or DEFAULT_PATCHES_FILE),
-            strict=_read_flag(environ, "GOVINDA_STRICT", warnings),
-            force=_read_flag(environ, "GOVINDA_FORCE", warnings),
+            strict=_read_flag(environ, "GOVINDA_STRICT", warnings, "not strict"),
+            force=_read_flag(environ, "GOVINDA_FORCE", warnings, "verified vLLM versions only"),
             log_level=_read_choice(environ, "GOVINDA_LOG_LEVEL", LOG_LEVELS, "INFO", warnings, upper=True),
             selftest=_read_choice(environ, "GOVINDA_SELFTEST", SELFTEST_MODES, "auto", warnings),
             tune=_read_choice(environ, "GOVINDA_TUNE", TUNE_MODES, "auto", warnings),
             tune_budget_s=_read_seconds(environ, "GOVINDA_TUNE_BUDGET_S", DEFAULT_TUNE_BUDGET_S, warnings),
-            cache_dir=Path(cache_dir).expanduser(),
+            cache_dir=cache_dir_from(environ),
             platform_override=platform,
             warnings=warnings,
         )
+
+
+def default_cache_dir() -> Path | None:
+    """``~/.cache/govinda``; None without a home directory (the self-test then runs uncached)."""
+    try:
+        return Path.home() / ".cache" / "govinda"
+    except (RuntimeError, KeyError, OSError):  # HOME unset and no passwd entry (some containers)
+        return None
+
+
+def cache_dir_from(environ) -> Path | None:
+    raw = environ.get("GOVINDA_CACHE_DIR")
+    if not raw:
+        return default_cache_dir()
+    try:
+        return Path(raw).expanduser()
+    except RuntimeError:  # "~" without a home directory
+        return Path(raw)
+
+
+@functools.lru_cache(maxsize=1)
+def current() -> Settings:
+    """This process's settings, parsed once from ``os.environ`` (the switches are read at start-up)."""
+    return Settings.from_env(os.environ)
