@@ -17,6 +17,10 @@ FALSE_WORDS = ("0", "false", "no", "off")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SELFTEST_MODES = ("auto", "skip")
 PLATFORMS = ("rocm", "cuda")
+# Must equal kernels/kv_rotation.py ROTATIONS (tests check it); read here without importing torch.
+KV_ROTATIONS = ("none", "hadamard")
+# Chosen from reports/accuracy_smollm2.md and reports/h200/h200-kv-rotation.md: more accurate, no extra bytes.
+DEFAULT_KV_ROTATION = "hadamard"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PATCHES_FILE = REPO_ROOT / "patches.yaml"
@@ -65,6 +69,13 @@ GLOBAL_SWITCHES = (
         "Override platform detection, which decides the platform-specific patch targets (e.g. a simulated DCU in tests).",
     ),
     GlobalSwitch(
+        "GOVINDA_KV_ROTATION",
+        " | ".join(KV_ROTATIONS),
+        DEFAULT_KV_ROTATION,
+        "int8_kv group: rotate K/V rows (and the query and output to match) by an orthonormal Hadamard matrix before "
+        "quantizing; none stores them as they are. Same bytes and page layout. Every process of a server reads it.",
+    ),
+    GlobalSwitch(
         "GOVINDA_KERNEL_ARCH",
         "cuda_sm90 | cuda_default | rocm_gfx9 | rocm_default | interpreter",
         "(detected from the device)",
@@ -86,6 +97,12 @@ def _read_choice(environ, name: str, choices: tuple[str, ...], default: str, war
         return value
     warnings.append(f"{name}={raw!r} is not a valid value; use one of {choices}; using {default!r}")
     return default
+
+
+def kv_rotation(environ=None, warnings: list[str] | None = None) -> str:
+    """The KV rotation every process of a server uses (``GOVINDA_KV_ROTATION``)."""
+    environ = os.environ if environ is None else environ
+    return _read_choice(environ, "GOVINDA_KV_ROTATION", KV_ROTATIONS, DEFAULT_KV_ROTATION, [] if warnings is None else warnings)
 
 
 def parse_switch(environ, name: str, warnings: list[str]) -> bool | None:
@@ -113,6 +130,7 @@ class Settings:
     selftest: str = "auto"
     cache_dir: Path = Path.home() / ".cache" / "govinda"
     platform_override: str | None = None
+    kv_rotation: str = DEFAULT_KV_ROTATION
     warnings: list[str] = field(default_factory=list)
 
     @classmethod
@@ -135,5 +153,6 @@ class Settings:
             selftest=_read_choice(environ, "GOVINDA_SELFTEST", SELFTEST_MODES, "auto", warnings),
             cache_dir=Path(cache_dir).expanduser(),
             platform_override=platform,
+            kv_rotation=kv_rotation(environ, warnings),
             warnings=warnings,
         )
