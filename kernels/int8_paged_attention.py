@@ -24,8 +24,7 @@ base 2 with ``log2(e)`` folded into the softmax scale.
 
 Rotation (``rotation="hadamard"``, cache written by the store kernel with the same rotation):
 each program rotates its query rows in fp32 (then rounds them to the query dtype) before its
-KV loop and rotates its fp32 accumulator back after it, with two exact-fp32 16 x 16 dots
-(:func:`kv_rotation.hadamard_rows_dot`). Split-KV partial
+KV loop and rotates its fp32 accumulator back after it (:mod:`kv_rotation`). Split-KV partial
 accumulators are rotated back before they are written: the reduce step is linear in them.
 """
 
@@ -40,7 +39,7 @@ import triton.language as tl
 
 from .int8_kv_layout import gather_reference, page_offsets
 from .int8_kv_store import float32_view
-from .kv_rotation import NONE, check_rotation, hadamard_reference, hadamard_rows_dot, normalizer
+from .kv_rotation import NONE, check_rotation, hadamard_reference, hadamard_rows, log2_exact, normalizer
 from .launch_configs import (
     ArchLaunchConfigs,
     decode_num_splits,
@@ -184,6 +183,7 @@ def _decode_split_kernel(
     DOT_DTYPE: tl.constexpr,  # the query dtype (tl.bfloat16 / tl.float16)
     UPCAST_DOT: tl.constexpr,
     ROTATE: tl.constexpr,
+    LOG2_HEAD_DIM: tl.constexpr,
     ROTATION_NORM: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -224,7 +224,7 @@ def _decode_split_kernel(
             mask=col_valid[:, None],
             other=0.0,
         )  # [GROUP_PAD, HEAD_DIM]
-        q_t = tl.trans(hadamard_rows_dot(q.to(tl.float32), GROUP_PAD, HEAD_DIM, ROTATION_NORM))
+        q_t = tl.trans(hadamard_rows(q.to(tl.float32), GROUP_PAD, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM))
     else:
         q_t = tl.load(
             query_ptr + token * stride_q_token + heads[None, :] * stride_q_head + dims[:, None] * stride_q_dim,
@@ -276,7 +276,7 @@ def _decode_split_kernel(
             )
 
     if ROTATE:
-        acc_t = tl.trans(hadamard_rows_dot(tl.trans(acc_t), GROUP_PAD, HEAD_DIM, ROTATION_NORM))
+        acc_t = tl.trans(hadamard_rows(tl.trans(acc_t), GROUP_PAD, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM))
     if WRITE_OUTPUT:
         out_t = acc_t / l_i[None, :]
         tl.store(
@@ -428,6 +428,7 @@ def _prefill_kernel(
     DOT_DTYPE: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     ROTATE: tl.constexpr,
+    LOG2_HEAD_DIM: tl.constexpr,
     ROTATION_NORM: tl.constexpr,
 ):
     head = tl.program_id(0)  # fastest-varying: the heads of one KV group share K/V in L2
@@ -467,7 +468,7 @@ def _prefill_kernel(
         other=0.0,
     )
     if ROTATE:
-        q = hadamard_rows_dot(q.to(tl.float32), BLOCK_M, HEAD_DIM, ROTATION_NORM)
+        q = hadamard_rows(q.to(tl.float32), BLOCK_M, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM)
     q = _dot_operand(q, DOT_DTYPE, UPCAST_DOT)
     kv_head = head // GROUP
     block_table_row = block_table_ptr + seq.to(tl.int64) * stride_block_table
@@ -556,7 +557,7 @@ def _prefill_kernel(
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     if ROTATE:
-        out = hadamard_rows_dot(out, BLOCK_M, HEAD_DIM, ROTATION_NORM)
+        out = hadamard_rows(out, BLOCK_M, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM)
     tl.store(
         output_ptr + tokens[:, None] * stride_o_token + head * stride_o_head + dims[None, :] * stride_o_dim,
         out.to(output_ptr.dtype.element_ty),
@@ -709,6 +710,7 @@ def _launch_decode(
         DOT_DTYPE=_DOT_DTYPES[query.dtype],
         UPCAST_DOT=interpreting(),
         ROTATE=rotate,
+        LOG2_HEAD_DIM=log2_exact(head_dim),
         ROTATION_NORM=normalizer(head_dim),
         **config.launch_kwargs(),
     )
@@ -789,6 +791,7 @@ def _launch_prefill(
         DOT_DTYPE=_DOT_DTYPES[query.dtype],
         UPCAST_DOT=interpreting(),
         ROTATE=rotate,
+        LOG2_HEAD_DIM=log2_exact(head_dim),
         ROTATION_NORM=normalizer(head_dim),
         **config.launch_kwargs(),
     )

@@ -53,36 +53,6 @@ def hadamard_rows(x, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, LOG2_HEAD_DIM: 
     return x * NORM
 
 
-@triton.jit
-def _hadamard_sign(bits):
-    """``(-1) ** popcount(bits)`` as fp32, for ``bits`` < 16: a Sylvester-Hadamard entry."""
-    parity = bits ^ (bits >> 2)
-    parity = parity ^ (parity >> 1)
-    return 1.0 - 2.0 * (parity & 1).to(tl.float32)
-
-
-@triton.jit
-def hadamard_rows_dot(x, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, NORM: tl.constexpr):
-    """The same rotation of fp32 ``x [ROWS, HEAD_DIM]`` as two small exact-fp32 ``tl.dot``.
-
-    ``H_D = H_R (x) H_16`` with ``R = D / 16`` (index ``d = 16 a + b``): one dot by ``H_16`` mixes
-    ``b``, one by ``blockdiag(H_R, ..., H_R)`` (16 x 16) mixes ``a``. Two layout changes instead
-    of the butterfly's ``log2(D)`` stages, which cost more than the attention itself on short
-    rows of programs (decode) and wide tiles (prefill). Same result up to fp32 summation order;
-    needs ``ROWS * D / 16 >= 16``. The store kernel keeps the butterfly: it must be bit-exact.
-    """
-    R: tl.constexpr = HEAD_DIM // 16
-    i = tl.arange(0, 16)[:, None]
-    j = tl.arange(0, 16)[None, :]
-    mix_low = _hadamard_sign(i & j)
-    mix_high = tl.where(i // R == j // R, _hadamard_sign(i & j & (R - 1)), 0.0)
-    y = tl.dot(tl.reshape(x, (ROWS * R, 16)), mix_low, input_precision="ieee")
-    y = tl.reshape(tl.permute(tl.reshape(y, (ROWS, R, 16)), (0, 2, 1)), (ROWS * R, 16))
-    y = tl.dot(y, mix_high, input_precision="ieee")
-    y = tl.reshape(tl.permute(tl.reshape(y, (ROWS, 16, R)), (0, 2, 1)), (ROWS, HEAD_DIM))
-    return y * NORM
-
-
 def hadamard_reference(x: torch.Tensor) -> torch.Tensor:
     """fp32 ``x [..., D]`` rotated along its last dimension, exactly as :func:`hadamard_rows` does."""
     head_dim = x.shape[-1]

@@ -84,18 +84,3 @@ def test_rotated_store_is_bit_exact_against_rotate_then_quantize(dtype, head_dim
     rotated_error = (kv_rotation.hadamard_reference(rotated_k[positions[rows]]) - truth).norm()
     plain_error = (plain_k[positions[rows]] - truth).norm()
     assert rotated_error < 0.5 * plain_error
-
-
-@triton.jit
-def _rotate_rows_dot_kernel(x_ptr, y_ptr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, NORM: tl.constexpr):
-    offsets = tl.arange(0, ROWS)[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
-    tl.store(y_ptr + offsets, kv_rotation.hadamard_rows_dot(tl.load(x_ptr + offsets), ROWS, HEAD_DIM, NORM))
-
-
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_dot_form_is_the_same_rotation(head_dim):
-    """The attention kernels' two-dot form equals the butterfly up to fp32 summation order."""
-    x = torch.randn(16, head_dim, generator=torch.Generator().manual_seed(head_dim + 1)) * 5
-    y = torch.empty_like(x)
-    _rotate_rows_dot_kernel[(1,)](x, y, ROWS=16, HEAD_DIM=head_dim, NORM=kv_rotation.normalizer(head_dim))
-    torch.testing.assert_close(y, kv_rotation.hadamard_reference(x), atol=1e-5, rtol=1e-5)
