@@ -41,3 +41,28 @@ def test_rotation_changes_the_compile_cache_key(child, dcu_env):
         hashes[rotation] = result.result
     assert hashes["none"] != hashes["hadamard"], hashes
     assert all(isinstance(value, str) and len(value) >= 10 for value in hashes.values()), hashes
+
+
+def test_smollm2_rotation_sides_file():
+    """The served rotation run: both overlay sides pin the switch and check the worker logged it;
+    the stock sides and the workload are those of the four-side agreement file."""
+    from bench import ab
+
+    def load(name):
+        return ab.build_config(ab.build_arg_parser().parse_args(["--sides", str(REPO / "scripts" / "h200" / name)]))
+
+    rotation, agreement = load("ab_smollm2_rotation.yaml"), load("ab_smollm2_agreement.yaml")
+    assert [s.name for s in rotation.sides] == [
+        "overlay_off", "overlay_rotated", "overlay_unrotated", "triton_bf16", "upstream_int8"
+    ]
+    assert rotation.baseline_name() == "overlay_off"
+    assert rotation.server_args == agreement.server_args + ["--enforce-eager"]
+    assert (rotation.model, rotation.env) == (agreement.model, agreement.env)
+    assert rotation.bench["teacher_forced_texts"] == agreement.bench["teacher_forced_texts"]
+    for side, value in ((rotation.sides[1], "hadamard"), (rotation.sides[2], "none")):
+        assert side.env == {"GOVINDA_DISABLE": "0", "GOVINDA_KV_ROTATION": value}
+        patterns = {p.name: p for p in side.log_patterns}
+        assert patterns["govinda_rotation"].regex == f"kv_rotation={value}" and patterns["govinda_rotation"].min == 1
+    by_name = {s.name: s for s in agreement.sides}
+    for side in rotation.sides[3:]:
+        assert (side.env, side.server_args) == (by_name[side.name].env, by_name[side.name].server_args)
