@@ -31,6 +31,12 @@ every section) and the run goes on; ``--time-budget-s`` stops starting new cases
 ``--smoke`` runs tiny shapes (fp16) on the CPU under ``TRITON_INTERPRET=1`` to validate every
 call signature, vLLM's kernels included (no CUDA graphs, no timings).
 
+``--rotation`` compares our kernels with and without the Hadamard KV rotation instead
+(``GOVINDA_KV_ROTATION``): ``ours_bs1552`` (none), ``ours_rot_bs1552`` (rotation fused into
+the store/decode/prefill kernels, what ships) and ``ours_rotpp_bs1552`` (unrotated kernels with
+the rotation as torch matmuls before and after: the alternative design), at decode 4K/32K,
+prefill 6K/24K and store 1/2048 tokens; ratios are ``time_ratios[mode]["<name>_over_unrotated"]``.
+
 Run from the repository root (H200)::
 
     PYTHONPATH=$PWD:/tmp/site python3 bench/kernel_bench.py --out reports/kernel_bench_h200.json
@@ -184,6 +190,11 @@ def make_config(args: argparse.Namespace) -> BenchConfig:
             rep_ms=40.0,
             prefill_rep_ms=30.0,
         )
+    if getattr(args, "rotation", False) and not args.smoke:
+        config.ours_small_block_size = None
+        config.decode_cases = [(1, 4096), (1, 32768)]
+        config.prefill_totals = [6144, 24576]
+        config.store_token_counts = [1, 2048]
     if args.no_bs16:
         config.ours_small_block_size = None
     if args.rep_ms is not None:
@@ -210,6 +221,7 @@ def load_our_kernels() -> SimpleNamespace:
         arch_key = f"unknown ({type(error).__name__}: {error})"
     return SimpleNamespace(
         layout=layout,
+        rotation=import_kernel("kv_rotation"),
         store_kv_int8=store.store_kv_int8,
         paged_attention_int8=attention.paged_attention_int8,
         DecodeWorkspace=attention.DecodeWorkspace,
@@ -446,12 +458,20 @@ def attended_keys(step: Step) -> int:
 
 
 class OursContender:
-    def __init__(self, kernels: SimpleNamespace, geometry: Geometry, block_size: int, device):
+    """Our kernels; ``rotation`` ``"hadamard"`` fused in them, or ``"prepost"``: the same rotation
+    as bf16 torch matmuls around the unrotated kernels (matrix preallocated, like an impl would)."""
+
+    PREFIXES = {"none": "ours", "hadamard": "ours_rot", "prepost": "ours_rotpp"}
+
+    def __init__(self, kernels: SimpleNamespace, geometry: Geometry, block_size: int, device, rotation: str = "none"):
         self.kernels = kernels
         self.geometry = geometry
         self.block_size = block_size
         self.device = device
-        self.name = f"ours_bs{block_size}"
+        self.rotation = rotation
+        self.kernel_rotation = "hadamard" if rotation == "hadamard" else "none"
+        self.name = f"{self.PREFIXES[rotation]}_bs{block_size}"
+        self.matrix = None
         self.cache = None
         self.workspace = None
         self.kv_bytes_per_token = kernels.layout.bytes_per_token(geometry.num_kv_heads, geometry.head_dim)
@@ -475,18 +495,51 @@ class OursContender:
         self.workspace = self.kernels.DecodeWorkspace.allocate(
             self.max_decodes, g.num_q_heads, g.head_dim, self.device, num_kv_heads=g.num_kv_heads, configs=configs
         )
+        if self.rotation == "prepost":
+            self.matrix = self.kernels.rotation.hadamard_matrix(g.head_dim, self.device, g.torch_dtype)
 
     def release(self) -> None:
         self.cache = None
         self.workspace = None
+        self.matrix = None
+        self.buffers = None
+
+    def _rotated(self, x, out=None):
+        """``x [..., D] @ H`` (bf16 in, fp32 accumulation, bf16 out) -- the pre/post design."""
+        import torch
+
+        flat = x.reshape(-1, x.shape[-1])
+        if out is None:
+            return torch.matmul(flat, self.matrix).view(x.shape)
+        torch.matmul(flat, self.matrix, out=out.view(-1, x.shape[-1]))
+        return out
 
     def store(self, key, value, slot_mapping) -> None:
-        self.kernels.store_kv_int8(key, value, self.cache, slot_mapping, block_size=self.block_size)
+        if self.rotation == "prepost":
+            key, value = self._rotated(key), self._rotated(value)
+        self.kernels.store_kv_int8(
+            key, value, self.cache, slot_mapping, block_size=self.block_size, rotation=self.kernel_rotation
+        )
 
     def prepare_step(self, step: Step) -> Step:
+        if self.rotation == "prepost":
+            import torch
+
+            g = self.geometry
+            shape = (step.num_tokens, g.num_q_heads, g.head_dim)
+            # Preallocated: the timed call (and a captured graph) allocates nothing.
+            self.buffers = tuple(torch.empty(shape, dtype=g.torch_dtype, device=self.device) for _ in range(2))
         return step
 
     def attention(self, query, output, step: Step) -> None:
+        if self.rotation == "prepost":
+            rotated_query, rotated_output = self.buffers
+            self._attention(self._rotated(query, rotated_query), rotated_output, step)
+            self._rotated(rotated_output, output)
+            return
+        self._attention(query, output, step)
+
+    def _attention(self, query, output, step: Step) -> None:
         g = self.geometry
         self.kernels.paged_attention_int8(
             query,
@@ -503,13 +556,17 @@ class OursContender:
             num_decodes=step.num_decodes,
             workspace=self.workspace,
             configs=self.configs,
+            rotation=self.kernel_rotation,
         )
 
     def dequantized_kv(self, layout: PagedLayout, seq_index: int, seq_len: int):
         g = self.geometry
-        return self.kernels.layout.gather_reference(
+        key, value = self.kernels.layout.gather_reference(
             self.cache, layout.block_table[seq_index], seq_len, self.block_size, g.num_kv_heads, g.head_dim
         )
+        if self.rotation != "none":  # the page holds rotated rows
+            key, value = self.kernels.rotation.hadamard_reference(key), self.kernels.rotation.hadamard_reference(value)
+        return key, value
 
 
 class VllmTritonContender:
@@ -682,6 +739,14 @@ def build_contenders(ctx: "Context", include_small: bool = True) -> List[Tuple[s
     """``(name, contender or None, reason when unavailable)``; the bf16 baseline comes first."""
     config, geometry, device = ctx.config, ctx.config.geometry, ctx.device
     result: List[Tuple[str, Any, Optional[str]]] = []
+    if getattr(ctx.args, "rotation", False):
+        for rotation in ("none", "hadamard", "prepost"):
+            name = f"{OursContender.PREFIXES[rotation]}_bs{config.ours_block_size}"
+            if ctx.ours is None:
+                result.append((name, None, f"our kernels not importable: {ctx.ours_error}"))
+            else:
+                result.append((name, OursContender(ctx.ours, geometry, config.ours_block_size, device, rotation), None))
+        return result
     bf16_name = f"vllm_bf16_bs{config.bf16_block_size}"
     int8_name = f"vllm_int8pth_bs{config.int8pth_block_size}"
     if ctx.vllm is None:
@@ -1005,8 +1070,8 @@ def run_attention_case(
             case["contenders"][name] = {"status": "skipped", "reason": reason}
             log(f"  {case_name} {name}: skipped ({reason})")
             continue
-        if baseline is None and name.startswith("vllm_bf16"):
-            baseline = name
+        if baseline is None and (name.startswith("vllm_bf16") or getattr(ctx.args, "rotation", False)):
+            baseline = name  # rotation mode: the unrotated INT8 kernels
         record: Dict[str, Any] = {"status": "ok", "kv_bytes_per_token": contender.kv_bytes_per_token}
         try:
             layout = make_layout(seq_lens, contender.block_size, ctx.device, ctx.cpu_generator(salt + 1))
@@ -1083,6 +1148,15 @@ def run_attention_case(
 
 def add_ratios(ctx: Context, case: Dict[str, Any], modes: Sequence[str]) -> None:
     ours = f"ours_bs{ctx.config.ours_block_size}"
+    if getattr(ctx.args, "rotation", False):
+        case["time_ratios"] = {
+            mode: {
+                f"{prefix}_over_unrotated": _ratio(case["contenders"], f"{prefix}_bs{ctx.config.ours_block_size}", ours, mode)
+                for prefix in ("ours_rot", "ours_rotpp")
+            }
+            for mode in modes
+        }
+        return
     bf16 = f"vllm_bf16_bs{ctx.config.bf16_block_size}"
     int8 = f"vllm_int8pth_bs{ctx.config.int8pth_block_size}"
     ratios: Dict[str, Any] = {}
@@ -1096,6 +1170,14 @@ def add_ratios(ctx: Context, case: Dict[str, Any], modes: Sequence[str]) -> None
             entry[label] = (ours_time / other_time) if (ours_time and other_time) else None
         ratios[mode] = entry
     case["time_ratios"] = ratios
+
+
+def _ratio(contenders: Dict[str, Any], name: str, baseline: str, mode: str) -> Optional[float]:
+    def time_of(record):
+        return record.get(f"{mode}_time_us_total") or record.get(mode, {}).get("time_us")
+
+    this, base = time_of(contenders.get(name, {})), time_of(contenders.get(baseline, {}))
+    return this / base if (this and base) else None
 
 
 def section_decode(ctx: Context) -> Dict[str, Any]:
@@ -1127,7 +1209,7 @@ def section_prefill(ctx: Context) -> Dict[str, Any]:
     cases = ctx.start_section("prefill")
     chunk = ctx.config.prefill_chunk
     for index, total in enumerate(ctx.config.prefill_totals):
-        for variant in ("one_shot", "chunked"):
+        for variant in ("one_shot",) if getattr(ctx.args, "rotation", False) else ("one_shot", "chunked"):
             name = f"prefill_{variant}_{total}"
             skipped = ctx.skip_for_time(name)
             if skipped:
@@ -1209,9 +1291,11 @@ def section_store(ctx: Context) -> Dict[str, Any]:
                             record[mode] = entry
                         except Exception as error:
                             record[mode] = error_record(error)
-                    if isinstance(contender, OursContender):
+                    if isinstance(contender, OursContender) and contender.rotation != "prepost":
                         expected = torch.zeros_like(contender.cache)
-                        ctx.ours.layout.store_reference(key, value, expected, slots, contender.block_size)
+                        ctx.ours.layout.store_reference(
+                            key, value, expected, slots, contender.block_size, rotation=contender.kernel_rotation
+                        )
                         record["bit_exact_vs_store_reference"] = bool(torch.equal(expected, contender.cache))
                     # Round trip: what the cache holds for these tokens vs the bf16 input.
                     stored_key, stored_value = contender.dequantized_kv(layout, 0, start + tokens)
@@ -1225,6 +1309,8 @@ def section_store(ctx: Context) -> Dict[str, Any]:
                 finally:
                     contender.release()
                 case["contenders"][name_c] = record
+            if getattr(ctx.args, "rotation", False):
+                add_ratios(ctx, case, modes)
         except Exception as error:
             case.update(error_record(error))
             log(f"  {name}: ERROR {case['error']}")
@@ -1331,6 +1417,13 @@ def print_tables(ctx: Context, sections: Dict[str, Any]) -> None:
                         f"{_fmt(entry.get('ns_per_token'), '9.2f')} {_fmt(entry.get('eff_bw_read_write_GBps'), '9.0f')} "
                         f"{_fmt(100 * frac if frac else None, '6.1f')} {_fmt(ratio, '9.2f')}"
                     )
+    if getattr(ctx.args, "rotation", False):
+        lines += ["", "== rotation cost (time / unrotated time; <= 1.03 is the target) =="]
+        for section in ("decode", "prefill", "store"):
+            for case in (sections.get(section) or {}).get("cases", []):
+                for mode, ratios in case.get("time_ratios", {}).items():
+                    cells = ", ".join(f"{k} {_fmt(v, '.3f')}" for k, v in ratios.items())
+                    lines.append(f"{case['case']:<28} {mode:<6} {cells}")
     print("\n".join(lines), flush=True)
 
 
@@ -1355,6 +1448,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help="tiny shapes on the CPU under TRITON_INTERPRET=1: validates every call, times nothing",
     )
     parser.add_argument("--no-bs16", action="store_true", help="skip our block-size-16 reference contender")
+    parser.add_argument(
+        "--rotation",
+        action="store_true",
+        help="our kernels only: unrotated vs Hadamard-rotated (fused) vs rotation as torch pre/post matmuls",
+    )
     parser.add_argument("--rep-ms", type=float, default=None, help="override do_bench's repetition time per measurement")
     parser.add_argument("--warmup-ms", type=float, default=None, help="override do_bench's warm-up time per measurement")
     parser.add_argument(

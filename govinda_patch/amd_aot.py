@@ -61,6 +61,8 @@ class Case:
     head_dim: int
     dtype: str
     group: int
+    # GOVINDA_KV_ROTATION: the rotated kernels are other specialisations (a constexpr).
+    rotation: str = "none"
 
 
 @dataclass
@@ -98,13 +100,13 @@ def _kernel_kind(launch: CapturedLaunch) -> str:
     )
 
 
-def _config_label(kind: str, configs, head_dim: int) -> str:
+def _config_label(kind: str, configs, head_dim: int, rotated: bool = False) -> str:
     if kind == "store":
         return configs.store.label
     if kind == "decode_reduce":
         return configs.reduce.label
     if kind == "prefill":
-        return configs.prefill_config(head_dim).label
+        return configs.prefill_config(head_dim, rotated=rotated).label
     return configs.decode_config(head_dim).label
 
 
@@ -133,6 +135,7 @@ def capture_variant(variant: Variant, case: Case) -> list[tuple[str, CapturedLau
             torch.tensor(starts, dtype=torch.int32), torch.tensor(seq_lens, dtype=torch.int32), block_table,
             block_size=block_size, num_kv_heads=num_kv_heads, softmax_scale=scale,
             max_query_len=max(query_lens), max_seq_len=max(seq_lens), num_decodes=num_decodes, configs=configs,
+            rotation=case.rotation,
         )
 
     configs = variant.configs
@@ -140,7 +143,7 @@ def capture_variant(variant: Variant, case: Case) -> list[tuple[str, CapturedLau
         if "store" in variant.kernels:
             keys = torch.zeros(4, num_kv_heads, head_dim, dtype=dtype)
             slots = torch.arange(4, dtype=torch.int64) + block_size
-            store.store_kv_int8(keys, keys, cache, slots, block_size=block_size, config=configs.store)
+            store.store_kv_int8(keys, keys, cache, slots, block_size=block_size, config=configs.store, rotation=case.rotation)
         if "decode" in variant.kernels:
             attend(configs, [1, 1], [50, 40], 2)  # split-KV: partials + reduce
             single = replace(configs, decode_splits=replace(configs.decode_splits, max_splits=1))
@@ -157,7 +160,7 @@ def build_jobs(cases: Iterable[Case], archs: Sequence[str], *, with_candidates: 
     for case in cases:
         for variant in variants(case.head_dim, with_candidates=with_candidates):
             for kind, launch in capture_variant(variant, case):
-                label = _config_label(kind, variant.configs, case.head_dim)
+                label = _config_label(kind, variant.configs, case.head_dim, rotated=case.rotation != "none")
                 if (case, kind, label) in seen:  # a candidate equal to the table's entry
                     continue
                 seen.add((case, kind, label))
@@ -215,6 +218,7 @@ def run_job(job: Job) -> dict:
         "head_dim": job.case.head_dim,
         "dtype": job.case.dtype,
         "group": job.case.group,
+        "rotation": job.case.rotation,
         "num_warps": int(job.launch.kwargs.get("num_warps", 4)),
     }
     wall, cpu = time.perf_counter(), time.process_time()
@@ -293,9 +297,10 @@ SUBSETS = {
     # Every table entry and candidate, every case, both gated archs, and the gfx906 probe.
     "full": dict(cases=[Case(d, t, g) for d in HEAD_DIMS for t in DTYPES for g in GROUPS], archs=GATED_ARCHS + PROBED_ARCHS, candidates=True),
     # CI: the table's kernels at the largest head_dim (the register-heaviest) for each arch,
-    # one head_dim/dtype/group combination each, and the gfx906 probe.
+    # one head_dim/dtype/group combination each, the Hadamard-rotated kernels at D=256 (the
+    # full report covers the default, unrotated kernels only), and the gfx906 probe.
     "ci": dict(
-        cases=[Case(256, "bf16", 6), Case(128, "fp16", 1)],
+        cases=[Case(256, "bf16", 6), Case(128, "fp16", 1), Case(256, "bf16", 6, "hadamard")],
         archs=GATED_ARCHS + PROBED_ARCHS,
         candidates=False,
         keep={("gfx90a", 256), ("gfx942", 128)},

@@ -34,6 +34,7 @@ from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 from . import counters, tuner
 from .int8_kv import BACKEND_NAME, SUPPORTED_HEAD_SIZES, model_head_size
 from .kernel_package import import_kernel
+from .settings import kv_rotation
 
 logger = logging.getLogger("govinda")
 
@@ -83,11 +84,12 @@ class GovindaInt8MetadataBuilder(AttentionMetadataBuilder[GovindaInt8Metadata]):
         check_hybrid_pages(vllm_config, kv_cache_spec, exact=True)
         mamba_page = vllm_config.cache_config.mamba_page_size_padded
         logger.info(
-            "INT8 KV cache for %d layers: block_size=%d tokens, page=%d B%s",
+            "INT8 KV cache for %d layers: block_size=%d tokens, page=%d B%s, kv_rotation=%s",
             len(layer_names),
             kv_cache_spec.block_size,
             kv_cache_spec.page_size_bytes,
             "" if mamba_page is None else f", mamba page padded to {mamba_page} B",  # hybrid models only
+            kv_rotation(),
         )
         # Decodes first: the kernel entry point needs them as a leading block of the batch.
         self._init_reorder_batch_threshold(1)
@@ -261,13 +263,18 @@ class GovindaInt8AttentionImpl(AttentionImpl):
         self.sinks = None
         self.logits_soft_cap = None
         self._page_bytes_per_token = _layout.bytes_per_token(self.num_kv_heads, head_size)
+        # Read once per layer from the environment, which every process of the server shares;
+        # the store and the attention kernels must use the same one.
+        self.kv_rotation = kv_rotation()
 
     def _block_size(self, kv_cache: torch.Tensor) -> int:
         return kv_cache.shape[1] // self._page_bytes_per_token
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
         kv_cache = as_page_rows(kv_cache)
-        _store.store_kv_int8(key, value, kv_cache, slot_mapping, block_size=self._block_size(kv_cache))
+        _store.store_kv_int8(
+            key, value, kv_cache, slot_mapping, block_size=self._block_size(kv_cache), rotation=self.kv_rotation
+        )
         counters.bump("kv_store_calls")
 
     def forward(
@@ -305,6 +312,7 @@ class GovindaInt8AttentionImpl(AttentionImpl):
             num_decodes=attn_metadata.num_decodes,
             workspace=attn_metadata.workspace,
             configs=attn_metadata.launch_configs,
+            rotation=self.kv_rotation,
         )
         num_seqs = attn_metadata.seq_lens.shape[0]
         if attn_metadata.num_decodes:

@@ -4,7 +4,8 @@
 process that must not initialise the GPU, like vLLM 0.18's API server, never does) and caches
 the verdict on disk keyed by the kernel sources, torch/triton versions and the visible devices.
 All processes of one server therefore reach the same decision. ``run_selftest`` is the test
-itself: a tiny quantize-and-store and a mixed prefill+decode attention against the references.
+itself: a tiny quantize-and-store and a mixed prefill+decode attention against the references,
+for every KV rotation (a server may be started with either; the key holds the active one too).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 from .kernel_package import KERNELS_DIR
+from .settings import KV_ROTATIONS, kv_rotation
 from .versions import stack_versions
 
 SELFTEST_TIMEOUT_S = 600
@@ -40,6 +42,7 @@ def _cache_key() -> str:
         os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         os.environ.get("HIP_VISIBLE_DEVICES", ""),
         os.environ.get("TRITON_INTERPRET", ""),
+        kv_rotation(),
     ]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
@@ -119,14 +122,19 @@ def run_selftest() -> dict:
         device, device_name = torch.device("cpu"), "cpu (TRITON_INTERPRET=1)"
     else:
         return {"ok": False, "reason": "no GPU visible (set TRITON_INTERPRET=1 to test kernels on the CPU)"}
-    try:
-        summary = _check_kernels(torch, device)
-    except Exception as exc:
-        return {"ok": False, "device": device_name, "reason": f"{type(exc).__name__}: {exc}"}
-    return {"ok": summary.pop("ok"), "device": device_name, "summary": summary, "reason": summary.get("problem", "")}
+    summary, problems = {}, []
+    for rotation in KV_ROTATIONS:
+        try:
+            result = _check_kernels(torch, device, rotation)
+        except Exception as exc:
+            return {"ok": False, "device": device_name, "reason": f"kv_rotation={rotation}: {type(exc).__name__}: {exc}"}
+        if not result.pop("ok"):
+            problems.append(f"kv_rotation={rotation}: {result['problem']}")
+        summary[rotation] = result
+    return {"ok": not problems, "device": device_name, "summary": summary, "reason": "; ".join(problems)}
 
 
-def _check_kernels(torch, device) -> dict:
+def _check_kernels(torch, device, rotation: str) -> dict:
     from .kernel_package import import_kernel
 
     layout = import_kernel("int8_kv_layout")
@@ -153,10 +161,10 @@ def _check_kernels(torch, device) -> dict:
         slots.extend(blocks[p // block_size] * block_size + p % block_size for p in range(seq_len))
     slot_mapping = torch.tensor(slots, dtype=torch.int64, device=device)
     keys, values = randn(len(slots), num_kv_heads, head_dim), randn(len(slots), num_kv_heads, head_dim)
-    store.store_kv_int8(keys, values, cache, slot_mapping, block_size=block_size)
+    store.store_kv_int8(keys, values, cache, slot_mapping, block_size=block_size, rotation=rotation)
     # The reference quantizer is defined by torch's CPU arithmetic (IEEE division, round half even).
     reference_cache = reference_cache.cpu()
-    layout.store_reference(keys.cpu(), values.cpu(), reference_cache, slot_mapping.cpu(), block_size)
+    layout.store_reference(keys.cpu(), values.cpu(), reference_cache, slot_mapping.cpu(), block_size, rotation=rotation)
     store_exact = bool(torch.equal(cache.cpu(), reference_cache))
 
     query = randn(sum(query_lens), num_kv_heads * group, head_dim)
@@ -168,11 +176,11 @@ def _check_kernels(torch, device) -> dict:
     attention.paged_attention_int8(
         query, cache, output, query_start_loc, seq_lens_t, block_table,
         block_size=block_size, num_kv_heads=num_kv_heads, softmax_scale=scale,
-        max_query_len=max(query_lens), max_seq_len=max(seq_lens), num_decodes=1,
+        max_query_len=max(query_lens), max_seq_len=max(seq_lens), num_decodes=1, rotation=rotation,
     )
     expected = attention.attention_reference(
         query, cache, query_start_loc, seq_lens_t, block_table,
-        block_size=block_size, num_kv_heads=num_kv_heads, softmax_scale=scale,
+        block_size=block_size, num_kv_heads=num_kv_heads, softmax_scale=scale, rotation=rotation,
     )
     max_error = float((output.float() - expected).abs().max())
     # bf16 output rounding of O(1) values is ~4e-3; P and V pass through bf16/fp16 in the dot.

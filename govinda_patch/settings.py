@@ -22,6 +22,11 @@ SELFTEST_MODES = ("auto", "skip")
 TUNE_MODES = ("auto", "off", "force")
 DEFAULT_TUNE_BUDGET_S = 60.0
 PLATFORMS = ("rocm", "cuda")
+# Must equal kernels/kv_rotation.py ROTATIONS (tests check it); read here without importing torch.
+KV_ROTATIONS = ("none", "hadamard")
+# Off by default: the rotation is more accurate at no extra bytes, but costs 6-26% decode and ~90%
+# prefill attention time on the H200 (reports/h200/h200-kv-rotation.md), far over the 3% budget.
+DEFAULT_KV_ROTATION = "none"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PATCHES_FILE = REPO_ROOT / "patches.yaml"
@@ -85,6 +90,13 @@ GLOBAL_SWITCHES = (
         "Override platform detection, which decides the platform-specific patch targets (e.g. a simulated DCU in tests).",
     ),
     GlobalSwitch(
+        "GOVINDA_KV_ROTATION",
+        " | ".join(KV_ROTATIONS),
+        DEFAULT_KV_ROTATION,
+        "int8_kv group: rotate K/V rows (and the query and output to match) by an orthonormal Hadamard matrix before "
+        "quantizing; none stores them as they are. Same bytes and page layout. Every process of a server reads it.",
+    ),
+    GlobalSwitch(
         "GOVINDA_KERNEL_ARCH",
         "cuda_sm90 | cuda_default | rocm_gfx9 | rocm_default | interpreter",
         "(detected from the device)",
@@ -122,6 +134,12 @@ def _read_seconds(environ, name: str, default: float, warnings: list[str]) -> fl
     return default
 
 
+def kv_rotation(environ=None, warnings: list[str] | None = None) -> str:
+    """The KV rotation every process of a server uses (``GOVINDA_KV_ROTATION``)."""
+    environ = os.environ if environ is None else environ
+    return _read_choice(environ, "GOVINDA_KV_ROTATION", KV_ROTATIONS, DEFAULT_KV_ROTATION, [] if warnings is None else warnings)
+
+
 def parse_switch(environ, name: str, warnings: list[str], fallback: str) -> bool | None:
     """An on/off switch: True/False when set, None when unset or malformed.
 
@@ -152,6 +170,7 @@ class Settings:
     tune_budget_s: float = DEFAULT_TUNE_BUDGET_S
     cache_dir: Path | None = field(default_factory=lambda: default_cache_dir())
     platform_override: str | None = None
+    kv_rotation: str = DEFAULT_KV_ROTATION
     warnings: list[str] = field(default_factory=list)
 
     @classmethod
@@ -175,6 +194,7 @@ class Settings:
             tune_budget_s=_read_seconds(environ, "GOVINDA_TUNE_BUDGET_S", DEFAULT_TUNE_BUDGET_S, warnings),
             cache_dir=cache_dir_from(environ),
             platform_override=platform,
+            kv_rotation=kv_rotation(environ, warnings),
             warnings=warnings,
         )
 

@@ -20,6 +20,12 @@ Data rows are ``D`` bytes and start on ``D``-byte boundaries (upstream interleav
 scale after every row, i.e. 260-byte rows at D=256, which breaks wide vector loads);
 the scale regions start on a ``2*B*H*D``-byte boundary, so they are 16-byte aligned.
 
+Rotation
+--------
+With the Hadamard rotation (:mod:`kv_rotation`) a page holds the quantized *rotated* rows
+``H x``; the layout and the byte count are the same. :func:`store_reference` takes the rotation,
+:func:`gather_reference` returns what the page holds (rotated rows when rotated).
+
 Quantization
 ------------
 Symmetric, per (token, head): ``scale = max(absmax(x) / 127, SCALE_FLOOR)`` in float32,
@@ -33,6 +39,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+
+from .kv_rotation import NONE, check_rotation, hadamard_reference
 
 SCALE_BYTES = 4
 QMAX = 127
@@ -130,8 +138,10 @@ def store_reference(
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     block_size: int,
+    rotation: str = NONE,
 ) -> None:
-    """Quantize ``key``/``value`` ``[T, H, D]`` into the cache; slots < 0 are skipped."""
+    """Quantize ``key``/``value`` ``[T, H, D]`` (rotated first if asked) into the cache; slots < 0 are skipped."""
+    rotate = check_rotation(rotation)
     num_kv_heads, head_dim = key.shape[1], key.shape[2]
     views = split_cache(kv_cache, block_size, num_kv_heads, head_dim)
     slots = slot_mapping.long()
@@ -139,7 +149,8 @@ def store_reference(
     slots = slots[valid]
     blocks, offsets = slots // block_size, slots % block_size
     for src, data, scales in ((key, views.k_data, views.k_scale), (value, views.v_data, views.v_scale)):
-        q, s = quantize_reference(src[valid])  # [n, H, D], [n, H]
+        rows = src[valid]
+        q, s = quantize_reference(hadamard_reference(rows) if rotate else rows)  # [n, H, D], [n, H]
         data[blocks, :, offsets] = q
         scales[blocks, :, offsets] = s
 

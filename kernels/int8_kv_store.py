@@ -10,6 +10,9 @@ Triton implementation of :func:`int8_kv_layout.store_reference` and is bit-exact
   (absent in the interpreter, ``rint`` absent on HIP) and any reliance on the compiler keeping
   a magic-number rounding trick intact.
 
+With ``rotation="hadamard"`` each row is first rotated in fp32 by :mod:`kv_rotation`'s
+butterfly (the same operations as its torch reference, so still bit-exact).
+
 One program handles one (token, kv head) pair for both K and V; padded slots (< 0) return
 before touching memory. No host synchronisation and no allocation: graph-capturable.
 """
@@ -23,6 +26,7 @@ import triton
 import triton.language as tl
 
 from .int8_kv_layout import QMAX, SCALE_FLOOR, page_offsets, store_reference
+from .kv_rotation import NONE, check_rotation, hadamard_rows, log2_exact, normalizer
 from .launch_configs import KernelConfig, get_launch_configs
 
 __all__ = ["store_kv_int8", "store_reference"]
@@ -68,6 +72,9 @@ def _store_kv_int8_kernel(
     V_SCALE_OFFSET_F32: tl.constexpr,
     QMAX_C: tl.constexpr,
     SCALE_FLOOR_C: tl.constexpr,
+    ROTATE: tl.constexpr,
+    LOG2_HEAD_DIM: tl.constexpr,
+    ROTATION_NORM: tl.constexpr,
 ):
     token = tl.program_id(0)
     head = tl.program_id(1)
@@ -81,8 +88,13 @@ def _store_kv_int8_kernel(
     token_64 = token.to(tl.int64)
     k = tl.load(key_ptr + token_64 * stride_key_token + head * stride_key_head + dims * stride_key_dim)
     v = tl.load(value_ptr + token_64 * stride_value_token + head * stride_value_head + dims * stride_value_dim)
-    k_q, k_scale = _quantize_row(k.to(tl.float32), QMAX_C, SCALE_FLOOR_C)
-    v_q, v_scale = _quantize_row(v.to(tl.float32), QMAX_C, SCALE_FLOOR_C)
+    k = k.to(tl.float32)
+    v = v.to(tl.float32)
+    if ROTATE:
+        k = tl.reshape(hadamard_rows(tl.reshape(k, (1, HEAD_DIM)), 1, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM), (HEAD_DIM,))
+        v = tl.reshape(hadamard_rows(tl.reshape(v, (1, HEAD_DIM)), 1, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM), (HEAD_DIM,))
+    k_q, k_scale = _quantize_row(k, QMAX_C, SCALE_FLOOR_C)
+    v_q, v_scale = _quantize_row(v, QMAX_C, SCALE_FLOOR_C)
 
     row = head * BLOCK_SIZE + offset_in_block  # (head, token) index inside the page
     k_row_ptr = cache_ptr + block * stride_cache_block + row * HEAD_DIM
@@ -108,12 +120,15 @@ def store_kv_int8(
     *,
     block_size: int,
     config: Optional[KernelConfig] = None,
+    rotation: str = NONE,
 ) -> None:
     """Quantize ``key``/``value`` ``[T, H, D]`` into ``kv_cache`` at ``slot_mapping`` (slot < 0: skip).
 
     Processes ``min(T, len(slot_mapping))`` tokens; ``key``/``value`` may be strided views.
-    ``config`` overrides the device table's store entry.
+    ``config`` overrides the device table's store entry. ``rotation`` (see :mod:`kv_rotation`)
+    rotates each row before quantizing.
     """
+    rotate = check_rotation(rotation)
     if key.dim() != 3 or value.shape != key.shape:
         raise ValueError(f"key/value must both be [T, H, D], got {tuple(key.shape)} and {tuple(value.shape)}")
     num_kv_heads, head_dim = key.shape[1], key.shape[2]
@@ -150,5 +165,8 @@ def store_kv_int8(
         V_SCALE_OFFSET_F32=offsets.v_scale // 4,
         QMAX_C=QMAX,
         SCALE_FLOOR_C=SCALE_FLOOR,
+        ROTATE=rotate,
+        LOG2_HEAD_DIM=log2_exact(head_dim),
+        ROTATION_NORM=normalizer(head_dim),
         **config.launch_kwargs(),
     )

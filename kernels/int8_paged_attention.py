@@ -21,6 +21,11 @@ Numerics: int8 K/V tiles are converted to the query dtype (exact for |q| <= 127)
 multiplies the score columns (``S[:, n] *= k_scale[n]``) and the V scale the probability
 columns (``P[:, n] *= v_scale[n]``) before ``P`` is rounded to the query dtype. Softmax runs in
 base 2 with ``log2(e)`` folded into the softmax scale.
+
+Rotation (``rotation="hadamard"``, cache written by the store kernel with the same rotation):
+each program rotates its query rows in fp32 (then rounds them to the query dtype) before its
+KV loop and rotates its fp32 accumulator back after it (:mod:`kv_rotation`). Split-KV partial
+accumulators are rotated back before they are written: the reduce step is linear in them.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import triton.language as tl
 
 from .int8_kv_layout import gather_reference, page_offsets
 from .int8_kv_store import float32_view
+from .kv_rotation import NONE, check_rotation, hadamard_reference, hadamard_rows, log2_exact, normalizer
 from .launch_configs import (
     ArchLaunchConfigs,
     decode_num_splits,
@@ -176,6 +182,9 @@ def _decode_split_kernel(
     PREFETCH_NEXT_TILE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # the query dtype (tl.bfloat16 / tl.float16)
     UPCAST_DOT: tl.constexpr,
+    ROTATE: tl.constexpr,
+    LOG2_HEAD_DIM: tl.constexpr,
+    ROTATION_NORM: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -209,11 +218,19 @@ def _decode_split_kernel(
             tl.store(partial_sum_ptr + entry, tl.zeros([GROUP_PAD], tl.float32), mask=col_valid)
         return
 
-    q_t = tl.load(
-        query_ptr + token * stride_q_token + heads[None, :] * stride_q_head + dims[:, None] * stride_q_dim,
-        mask=col_valid[None, :],
-        other=0.0,
-    )  # [HEAD_DIM, GROUP_PAD]
+    if ROTATE:
+        q = tl.load(
+            query_ptr + token * stride_q_token + heads[:, None] * stride_q_head + dims[None, :] * stride_q_dim,
+            mask=col_valid[:, None],
+            other=0.0,
+        )  # [GROUP_PAD, HEAD_DIM]
+        q_t = tl.trans(hadamard_rows(q.to(tl.float32), GROUP_PAD, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM))
+    else:
+        q_t = tl.load(
+            query_ptr + token * stride_q_token + heads[None, :] * stride_q_head + dims[:, None] * stride_q_dim,
+            mask=col_valid[None, :],
+            other=0.0,
+        )  # [HEAD_DIM, GROUP_PAD]
     q_t = _dot_operand(q_t, DOT_DTYPE, UPCAST_DOT)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
@@ -258,6 +275,8 @@ def _decode_split_kernel(
                 q_t, k, v, k_scale, v_scale, valid, m_i, l_i, acc_t, qk_scale, DOT_DTYPE, UPCAST_DOT
             )
 
+    if ROTATE:
+        acc_t = tl.trans(hadamard_rows(tl.trans(acc_t), GROUP_PAD, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM))
     if WRITE_OUTPUT:
         out_t = acc_t / l_i[None, :]
         tl.store(
@@ -408,6 +427,9 @@ def _prefill_kernel(
     V_SCALE_OFFSET_F32: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    ROTATE: tl.constexpr,
+    LOG2_HEAD_DIM: tl.constexpr,
+    ROTATION_NORM: tl.constexpr,
 ):
     head = tl.program_id(0)  # fastest-varying: the heads of one KV group share K/V in L2
     # Last query blocks first: late blocks of a sequence see the most KV (less tail effect).
@@ -445,6 +467,8 @@ def _prefill_kernel(
         mask=row_valid[:, None],
         other=0.0,
     )
+    if ROTATE:
+        q = hadamard_rows(q.to(tl.float32), BLOCK_M, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM)
     q = _dot_operand(q, DOT_DTYPE, UPCAST_DOT)
     kv_head = head // GROUP
     block_table_row = block_table_ptr + seq.to(tl.int64) * stride_block_table
@@ -532,6 +556,8 @@ def _prefill_kernel(
         )
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    if ROTATE:
+        out = hadamard_rows(out, BLOCK_M, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM)
     tl.store(
         output_ptr + tokens[:, None] * stride_o_token + head * stride_o_head + dims[None, :] * stride_o_dim,
         out.to(output_ptr.dtype.element_ty),
@@ -636,6 +662,7 @@ def _launch_decode(
     num_splits: int,
     workspace: Optional[DecodeWorkspace],
     configs: ArchLaunchConfigs,
+    rotate: bool,
 ) -> None:
     num_tokens, num_q_heads, head_dim = query.shape
     group = num_q_heads // num_kv_heads
@@ -687,6 +714,9 @@ def _launch_decode(
         PREFETCH_NEXT_TILE=config.prefetch_next_tile,
         DOT_DTYPE=_DOT_DTYPES[query.dtype],
         UPCAST_DOT=interpreting(),
+        ROTATE=rotate,
+        LOG2_HEAD_DIM=log2_exact(head_dim),
+        ROTATION_NORM=normalizer(head_dim),
         **config.launch_kwargs(),
     )
     if write_output:
@@ -726,11 +756,12 @@ def _launch_prefill(
     qk_scale: float,
     num_decodes: int,
     configs: ArchLaunchConfigs,
+    rotate: bool,
 ) -> None:
     num_tokens, num_q_heads, head_dim = query.shape
     num_seqs = seq_lens.shape[0]
     offsets = page_offsets(block_size, num_kv_heads, head_dim)
-    config = configs.prefill_config(head_dim)
+    config = configs.prefill_config(head_dim, rotated=rotate)
     # Upper bound on sum(cdiv(query_len, BLOCK_M)) over the prefills without reading query_start_loc.
     num_q_blocks = num_tokens // config.block_m + (num_seqs - num_decodes)
     _prefill_kernel[(num_q_heads, num_q_blocks)](
@@ -764,6 +795,9 @@ def _launch_prefill(
         V_SCALE_OFFSET_F32=offsets.v_scale // 4,
         DOT_DTYPE=_DOT_DTYPES[query.dtype],
         UPCAST_DOT=interpreting(),
+        ROTATE=rotate,
+        LOG2_HEAD_DIM=log2_exact(head_dim),
+        ROTATION_NORM=normalizer(head_dim),
         **config.launch_kwargs(),
     )
 
@@ -804,6 +838,7 @@ def paged_attention_int8(
     num_decodes: int,
     workspace: Optional[DecodeWorkspace] = None,
     configs: Optional[ArchLaunchConfigs] = None,
+    rotation: str = NONE,
 ) -> torch.Tensor:
     """Causal attention of ``query [T, Hq, D]`` over the INT8 paged cache; writes ``output`` in place.
 
@@ -813,9 +848,11 @@ def paged_attention_int8(
     valid when they change. Rows of tokens outside every sequence, and rows of sequences
     with query_len 0 or seq_len 0, are left untouched. ``configs`` (default: the device's
     table) are the launch configs; a caller that keeps a ``workspace`` must size it with the
-    same ones.
+    same ones. ``rotation`` must be the one the cache was written with
+    (:func:`int8_kv_store.store_kv_int8`).
     """
     del max_query_len, max_seq_len  # see the docstring
+    rotate = check_rotation(rotation)
     _check_inputs(query, kv_cache, output, query_start_loc, seq_lens, block_table, block_size, num_kv_heads)
     num_seqs = seq_lens.shape[0]
     num_decodes = max(0, min(int(num_decodes), num_seqs))
@@ -824,7 +861,7 @@ def paged_attention_int8(
     cache_f32 = float32_view(kv_cache)
     configs = configs or get_launch_configs(query.device)
     qk_scale = float(softmax_scale) * LOG2E
-    common = dict(block_size=block_size, num_kv_heads=num_kv_heads, qk_scale=qk_scale, configs=configs)
+    common = dict(block_size=block_size, num_kv_heads=num_kv_heads, qk_scale=qk_scale, configs=configs, rotate=rotate)
     tensors = (query, kv_cache, cache_f32, output, query_start_loc, seq_lens, block_table)
     if num_decodes > 0:
         num_splits = decode_num_splits(
@@ -851,11 +888,16 @@ def attention_reference(
     block_size: int,
     num_kv_heads: int,
     softmax_scale: float,
+    rotation: str = NONE,
 ) -> torch.Tensor:
     """fp32 causal attention on the dequantized cache (plain torch, for tests).
 
-    Rows outside every sequence, and rows that see no KV position, are 0.
+    With a rotated cache it works in the rotated space the way the kernels do: the rotated query
+    is rounded to the query dtype (the kernels' ``tl.dot`` input), scores and ``P @ V`` use the
+    stored rotated rows, and the output is rotated back in fp32. Rows outside every sequence,
+    and rows that see no KV position, are 0.
     """
+    rotate = check_rotation(rotation)
     num_tokens, num_q_heads, head_dim = query.shape
     group = num_q_heads // num_kv_heads
     out = torch.zeros((num_tokens, num_q_heads, head_dim), dtype=torch.float32, device=query.device)
@@ -869,11 +911,13 @@ def attention_reference(
         k, v = gather_reference(kv_cache, block_table[seq], seq_len, block_size, num_kv_heads, head_dim)
         k = k.repeat_interleave(group, dim=1)  # [L, Hq, D]
         v = v.repeat_interleave(group, dim=1)
-        q = query[start:end].float()  # [Lq, Hq, D]
+        q = query[start:end]
+        q = (hadamard_reference(q).to(q.dtype) if rotate else q).float()  # [Lq, Hq, D]
         scores = torch.einsum("qhd,khd->hqk", q, k) * softmax_scale
         query_positions = torch.arange(seq_len - query_len, seq_len, device=query.device)
         visible = torch.arange(seq_len, device=query.device)[None, :] <= query_positions[:, None]
         scores = scores.masked_fill(~visible, float("-inf"))
         probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows that see nothing -> 0
-        out[start:end] = torch.einsum("hqk,khd->qhd", probs, v)
+        seq_out = torch.einsum("hqk,khd->qhd", probs, v)
+        out[start:end] = hadamard_reference(seq_out) if rotate else seq_out  # H is its own inverse
     return out

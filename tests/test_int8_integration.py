@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 from overlay_testing import REPO
 
 QWEN35 = REPO / "tests" / "models" / "qwen3_5-27b-shape"
@@ -250,7 +252,8 @@ output = torch.full((num_tokens + 3, heads, head_dim), 7.0, dtype=torch.float16)
 impl.forward(None, query, key, value, cache, metadata, output=output)
 
 expected = attention.attention_reference(query[:num_tokens], cache, common.query_start_loc, common.seq_lens,
-    common.block_table_tensor, block_size=block, num_kv_heads=kv_heads, softmax_scale=head_dim ** -0.5)
+    common.block_table_tensor, block_size=block, num_kv_heads=kv_heads, softmax_scale=head_dim ** -0.5,
+    rotation=impl.kv_rotation)
 # fp32 attention on the ORIGINAL fp16 K/V, for the quantization error.
 exact = []
 for seq, (q_len, s_len) in enumerate(zip(query_lens, seq_lens)):
@@ -266,8 +269,9 @@ exact = torch.cat(exact)
 reference_cache = torch.zeros_like(cache)
 for seq, (q_len, s_len) in enumerate(zip(query_lens, seq_lens)):
     slots = torch.tensor([slot(seq, p) for p in range(s_len)], dtype=torch.int64)
-    layout.store_reference(k_all[seq], v_all[seq], reference_cache, slots, block)
+    layout.store_reference(k_all[seq], v_all[seq], reference_cache, slots, block, rotation=impl.kv_rotation)
 report({
+    "kv_rotation": impl.kv_rotation,
     "num_decodes": metadata.num_decodes,
     "kernel_vs_reference": float((output[:num_tokens].float() - expected).abs().max()),
     "int8_vs_exact": float((output[:num_tokens].float() - exact).abs().max()),
@@ -278,11 +282,13 @@ report({
 """
 
 
-def test_forward_and_kv_update_with_real_vllm_metadata(child, dcu_env):
-    env = dict(dcu_env, TRITON_INTERPRET="1")
+@pytest.mark.parametrize("rotation", ["none", "hadamard"])
+def test_forward_and_kv_update_with_real_vllm_metadata(child, dcu_env, rotation):
+    env = dict(dcu_env, TRITON_INTERPRET="1", GOVINDA_KV_ROTATION=rotation)
     result = child(MIXED_BATCH, env, timeout=900)
     assert result.returncode == 0, result
     r = result.result
+    assert r["kv_rotation"] == rotation  # the switch reached the impl
     assert r["num_decodes"] == 2
     # fp16 output rounding of O(1) values (~1e-3) plus fp16 P/V in the dot products.
     assert r["kernel_vs_reference"] < 1e-2, r

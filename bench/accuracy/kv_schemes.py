@@ -20,6 +20,7 @@ from transformers import DynamicCache
 from govinda_patch.kernel_package import import_kernel
 
 _layout = import_kernel("int8_kv_layout")
+_rotation = import_kernel("kv_rotation")
 
 FakeQuantize = Callable[[torch.Tensor], torch.Tensor]
 
@@ -96,6 +97,26 @@ def govinda_int8_hadamard(x: torch.Tensor) -> torch.Tensor:
     return (govinda_int8(x.float() @ rotation) @ rotation.T).to(x.dtype)
 
 
+def govinda_int8_rotated(x: torch.Tensor) -> torch.Tensor:
+    """Govinda INT8 with ``GOVINDA_KV_ROTATION=hadamard``: the kernels' fp32 butterfly rotation
+    (``kernels/kv_rotation.py``) before quantizing, rotated back after dequantizing -- what
+    attention computes with the rotated query and the rotated-back output."""
+    rotated = _rotation.hadamard_reference(x)
+    return _rotation.hadamard_reference(govinda_int8(rotated)).to(x.dtype)
+
+
+def _fixed_signs(dim: int, device: torch.device) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(dim)
+    return (torch.randint(0, 2, (dim,), generator=generator) * 2 - 1).float().to(device)
+
+
+def govinda_int8_signed_hadamard(x: torch.Tensor) -> torch.Tensor:
+    """Candidate: a fixed random sign per channel before the Hadamard rotation (``H diag(s)``)."""
+    signs = _fixed_signs(x.shape[-1], x.device)
+    restored = _rotation.hadamard_reference(govinda_int8(_rotation.hadamard_reference(x.float() * signs)))
+    return (restored * signs).to(x.dtype)
+
+
 def fp8_e4m3_unit_scale(x: torch.Tensor) -> torch.Tensor:
     """vLLM ``fp8`` / ``fp8_e4m3`` KV cache with the default per-tensor scale 1.0 (saturating cast)."""
     xf = x.float().clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
@@ -108,6 +129,8 @@ SCHEMES: Dict[str, FakeQuantize] = {
     "vllm_int8": vllm_int8,
     "int8_asym": int8_asymmetric,
     "int8_hadamard": govinda_int8_hadamard,
+    "govinda_int8_rotated": govinda_int8_rotated,
+    "int8_signed_hadamard": govinda_int8_signed_hadamard,
     "fp8_e4m3": fp8_e4m3_unit_scale,
 }
 
@@ -117,7 +140,9 @@ SCHEME_DESCRIPTIONS: Dict[str, str] = {
     "govinda_int8": "Govinda INT8: symmetric absmax/127, round-half-even, fp32 scale per (token, head)",
     "vllm_int8": "vLLM 0.26 int8_per_token_head: symmetric, x*(1/scale), round-half-away, clamp [-128,127]",
     "int8_asym": "INT8 asymmetric: fp32 scale + fp32 zero point (min) per (token, head)",
-    "int8_hadamard": "candidate: Govinda INT8 after a per-head Hadamard rotation (Q/output rotated to match)",
+    "int8_hadamard": "Govinda INT8 after a per-head Hadamard rotation as an fp32 matrix product (first study of the idea)",
+    "govinda_int8_rotated": "Govinda INT8 with GOVINDA_KV_ROTATION=hadamard (the kernels' fp32 butterfly rotation)",
+    "int8_signed_hadamard": "candidate: fixed random channel signs, then the Hadamard rotation, then Govinda INT8",
     "fp8_e4m3": "vLLM fp8_e4m3, per-tensor scale 1.0",
 }
 

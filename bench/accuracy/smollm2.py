@@ -6,6 +6,8 @@ applied to post-RoPE K and to V of all tokens, current ones included, as vLLM's 
 
   PYTHONPATH=. python -m bench.accuracy.smollm2                 # full study (30-40 min on 2 cores)
   PYTHONPATH=. python -m bench.accuracy.smollm2 --quick         # smoke run (~3 min)
+  PYTHONPATH=. python -m bench.accuracy.smollm2 --schemes NEW --needle-schemes NEW \
+      --merge-into reports/accuracy_smollm2.json                 # add schemes to an existing report
 
 Writes ``reports/accuracy_smollm2.json`` (all numbers) and ``reports/accuracy_smollm2.md``.
 """
@@ -30,6 +32,8 @@ from .kv_schemes import SCHEME_DESCRIPTIONS, SCHEMES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SUBJECT = "govinda_int8"
+# The goal is judged for both formats the switch GOVINDA_KV_ROTATION selects between.
+SUBJECTS = (SUBJECT, "govinda_int8_rotated")
 # Acceptance goal from the issue (a tier loses its coefficient past 1%; we keep half of it in reserve).
 GOAL_MAX_PPL_INCREASE = 0.005
 GOAL_MIN_TOP1_AGREEMENT = 0.99
@@ -165,26 +169,66 @@ def needle_study(model, tokenizer, args) -> Dict[str, object]:
     }
 
 
+def merge_reports(new: Dict[str, object], old: Dict[str, object]) -> Dict[str, object]:
+    """``old`` with the schemes of ``new`` added, after checking both ran on the same baseline.
+
+    The fp32 baseline is deterministic, so its per-window perplexity and its needle answers
+    must be identical in both runs; otherwise the rows would not be comparable and this raises.
+    """
+    merged = json.loads(json.dumps(old))
+    new_teacher, old_teacher = new.get("teacher_forced"), merged.get("teacher_forced")
+    if isinstance(new_teacher, dict):
+        if not isinstance(old_teacher, dict) or len(new_teacher["windows"]) != len(old_teacher["windows"]):
+            raise ValueError("teacher-forced windows differ from the report merged into")
+        for fresh, kept in zip(new_teacher["windows"], old_teacher["windows"]):
+            same = (fresh["source"], fresh["tokens"]) == (kept["source"], kept["tokens"])
+            if not same or abs(fresh["ppl_base"] - kept["ppl_base"]) > 1e-9 * kept["ppl_base"]:
+                raise ValueError(f"baseline differs in {fresh['source']} window {fresh['index']}: {fresh['ppl_base']} vs {kept['ppl_base']}")
+            kept["per_scheme"].update(fresh["per_scheme"])
+        old_teacher["schemes"].update(new_teacher["schemes"])
+    new_probe, old_probe = new.get("needle"), merged.get("needle")
+    if isinstance(new_probe, dict):
+        def baseline(probe):
+            return {(r["length"], r["depth"]): r["answer"] for r in probe["records"] if r["scheme"] == "fp32"}
+
+        if not isinstance(old_probe, dict) or baseline(new_probe) != baseline(old_probe):
+            raise ValueError("needle fp32 answers differ from the report merged into")
+        old_probe["summary"].update({k: v for k, v in new_probe["summary"].items() if k != "fp32"})
+        old_probe["records"] += [r for r in new_probe["records"] if r["scheme"] != "fp32"]
+    merged["setup"].setdefault("merged_runs", []).append(
+        {key: new["setup"].get(key) for key in ("command", "threads", "versions", "total_seconds")}
+    )
+    merged["goal"] = goal_verdict(merged)
+    return merged
+
+
 def goal_verdict(report: Dict[str, object]) -> Dict[str, object]:
+    """The goal for Govinda's format (top level) and, under ``by_subject``, for each of SUBJECTS."""
+    verdict = subject_verdict(report, SUBJECT)
+    verdict["by_subject"] = {name: subject_verdict(report, name) for name in SUBJECTS}
+    return verdict
+
+
+def subject_verdict(report: Dict[str, object], subject: str) -> Dict[str, object]:
     verdict: Dict[str, object] = {
         "max_ppl_increase": GOAL_MAX_PPL_INCREASE,
         "min_top1_agreement": GOAL_MIN_TOP1_AGREEMENT,
     }
     teacher = report.get("teacher_forced")
-    if isinstance(teacher, dict) and SUBJECT in teacher.get("schemes", {}):
-        overall = teacher["schemes"][SUBJECT]["overall"]
-        worst_bucket = max(b["ppl_ratio"] for b in teacher["schemes"][SUBJECT]["by_context"])
+    if isinstance(teacher, dict) and subject in teacher.get("schemes", {}):
+        overall = teacher["schemes"][subject]["overall"]
+        worst_bucket = max(b["ppl_ratio"] for b in teacher["schemes"][subject]["by_context"])
         verdict["ppl_ratio_minus_1"] = overall["ppl_ratio"] - 1
         verdict["worst_bucket_ppl_ratio_minus_1"] = worst_bucket - 1
         verdict["top1_agreement"] = overall["top1_agreement"]
         verdict["ppl_met"] = overall["ppl_ratio"] - 1 <= GOAL_MAX_PPL_INCREASE
         verdict["top1_met"] = overall["top1_agreement"] >= GOAL_MIN_TOP1_AGREEMENT
     probe = report.get("needle")
-    if isinstance(probe, dict) and SUBJECT in probe.get("summary", {}):
-        subject = probe["summary"][SUBJECT]
+    if isinstance(probe, dict) and subject in probe.get("summary", {}):
+        row = probe["summary"][subject]
         verdict["needle_exact_match_fp32"] = probe["summary"]["fp32"]["exact_match_rate"]
-        verdict["needle_exact_match_int8"] = subject["exact_match_rate"]
-        verdict["needle_unchanged"] = not subject["exact_match_changed_cells"]
+        verdict["needle_exact_match_int8"] = row["exact_match_rate"]
+        verdict["needle_unchanged"] = not row["exact_match_changed_cells"]
     checks = [verdict[k] for k in ("ppl_met", "top1_met", "needle_unchanged") if k in verdict]
     verdict["all_met"] = bool(checks) and all(checks) and len(checks) == 3
     return verdict
@@ -205,6 +249,12 @@ def markdown(report: Dict[str, object]) -> str:
         f"Command: `{setup['command'].strip()}` ({setup['total_seconds'] / 60:.1f} min on {setup['threads']} CPU threads).",
         "",
     ]
+    for run in setup.get("merged_runs", []):
+        lines += [
+            f"Rows added by `{run['command'].strip()}` ({run['total_seconds'] / 60:.1f} min on {run['threads']} CPU "
+            "threads; same fp32 baseline, checked window by window).",
+            "",
+        ]
     teacher = report.get("teacher_forced")
     if isinstance(teacher, dict):
         sources = "; ".join(
@@ -278,11 +328,13 @@ def markdown(report: Dict[str, object]) -> str:
         lines += ["", "Cells: exact-match rate over depths, then one 1/0 per depth in the order above."]
     elif probe is not None:
         lines += ["", "## Needle: FAILED", "", f"```\n{probe}\n```"]
-    verdict = report.get("goal", {})
-    if "ppl_ratio_minus_1" in verdict:
+    goal = report.get("goal", {})
+    for subject, verdict in goal.get("by_subject", {SUBJECT: goal}).items():
+        if "ppl_ratio_minus_1" not in verdict:
+            continue
         lines += [
             "",
-            f"## Goal ({SUBJECT}): ppl ratio - 1 <= {GOAL_MAX_PPL_INCREASE * 100:.1f}%, top-1 agreement >= "
+            f"## Goal ({subject}): ppl ratio - 1 <= {GOAL_MAX_PPL_INCREASE * 100:.1f}%, top-1 agreement >= "
             f"{GOAL_MIN_TOP1_AGREEMENT * 100:.0f}%, needle unchanged",
             "",
             f"- ppl ratio - 1 = {fmt_pct(verdict['ppl_ratio_minus_1'])} (worst context bucket "
@@ -321,6 +373,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--from-json", type=Path, help="only re-render the Markdown from an existing JSON report")
     parser.add_argument("--json", type=Path, default=REPO_ROOT / "reports" / "accuracy_smollm2.json")
     parser.add_argument("--md", type=Path, default=REPO_ROOT / "reports" / "accuracy_smollm2.md")
+    parser.add_argument("--merge-into", type=Path, help="add this run's schemes to an existing JSON report (same text and baseline)")
     args = parser.parse_args(argv)
     if args.quick:
         args.context, args.prose_windows, args.code_windows = 1024, 1, 0
@@ -371,6 +424,8 @@ def main(argv=None) -> int:
         report["setup"][f"{key}_seconds"] = round(time.time() - section_start, 1)
     report["goal"] = goal_verdict(report)
     report["setup"]["total_seconds"] = round(time.time() - started, 1)
+    if args.merge_into:
+        report = merge_reports(report, json.loads(args.merge_into.read_text()))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1, sort_keys=False) + "\n")
     args.md.parent.mkdir(parents=True, exist_ok=True)

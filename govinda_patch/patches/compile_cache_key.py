@@ -14,7 +14,14 @@ def apply(ctx) -> None:
         stock = wrapped(*args, **kwargs)
         if not ctx.group_active():
             return stock
-        signature = overlay.planned_signature() + "|kernels=" + kernel_sources_digest()
+        # The rotation changes what the compiled graph's attention reads: never share artefacts.
+        signature = (
+            overlay.planned_signature()
+            + "|kernels="
+            + kernel_sources_digest()
+            + "|kv_rotation="
+            + overlay.settings.kv_rotation
+        )
         return hashlib.sha256(f"{stock}|govinda:{signature}".encode()).hexdigest()[: len(stock)]
 
     ctx.record.wrap(ctx.owner, ctx.attribute, key_with_patch_set)

@@ -11,6 +11,10 @@
 #   call 4:    no carry:                        . scripts/h200/env.sh && sh scripts/h200/smollm2_agreement.sh stock
 #   fp16 pair (ab_smollm2_agreement_fp16.yaml): "stash .gguf_3 fp16" as call 3 instead, or "fp16"
 #   on a machine that already holds /tmp/smollm2-hf.
+#   KV rotation (ab_smollm2_rotation.yaml, five eager sides in one call): "stash .gguf_3 rotation"
+#   as call 3, or "rotation" on a machine that already holds /tmp/smollm2-hf.
+#   "split BYTES" sets the first part's size (default 8 MB): whatever else call 1 carries (a copy
+#   of a helper's checkout, say) leaves less room beside the bundle.
 #
 # "run" joins the parts, checks the sha256, converts the GGUF (scripts/h200/gguf_to_hf.py, with the
 # carried gguf wheel) into /tmp/smollm2-hf and runs the overlay off/on sides of
@@ -32,7 +36,7 @@ split_here() {
     done
     mkdir -p .gguf_1 .gguf_2 .gguf_3 .whl
     size=$(wc -c < "$source")
-    first=8000000                        # what fits beside the 48.5 MB vLLM bundle and the checkout
+    first=${1:-8000000}                  # what fits beside the 48.5 MB vLLM bundle and the checkout
     rest=$(( (size - first + 1) / 2 ))
     head -c "$first" "$source" > .gguf_1/part1
     tail -c +"$((first + 1))" "$source" | head -c "$rest" > .gguf_2/part2
@@ -70,25 +74,32 @@ run_stock_sides() {  # the second call: stock TRITON_ATTN bf16 and upstream int8
         --report-dir "$OUT_DIR" --log-dir "$OUT_DIR"
 }
 
+run_rotation() {  # bf16: overlay rotated / unrotated, stock FLASH_ATTN, TRITON_ATTN, upstream int8
+    python3 bench/ab.py --sides scripts/h200/ab_smollm2_rotation.yaml --stop-grace 10 \
+        --report-dir "$OUT_DIR" --log-dir "$OUT_DIR"
+}
+
 run_fp16() {  # the same model in fp16, overlay off vs on (scripts/h200/ab_smollm2_agreement_fp16.yaml)
     python3 bench/ab.py --sides scripts/h200/ab_smollm2_agreement_fp16.yaml --stop-grace 10 \
         --report-dir "$OUT_DIR" --log-dir "$OUT_DIR"
 }
 
-usage="usage: $0 split | stash DIR [run|fp16] | run | stock | fp16"
+usage="usage: $0 split [FIRST_PART_BYTES] | stash DIR [run|fp16|rotation] | run | stock | fp16 | rotation"
 [ "$#" -gt 0 ] || { echo "$usage" >&2; exit 2; }
 [ "$1" = split ] || mkdir -p "$OUT_DIR"
 case "$1" in
-    split) split_here ;;
+    split) split_here "${2:-}" ;;
     stash) stash "$2"
            case "${3:-}" in
                "") ;;
                run) prepare_model && run_agreement ;;
                fp16) prepare_model && run_fp16 ;;
+               rotation) prepare_model && run_rotation ;;
                *) echo "$usage" >&2; exit 2 ;;
            esac ;;
     run) prepare_model && run_agreement ;;
     stock) run_stock_sides ;;
     fp16) run_fp16 ;;
+    rotation) run_rotation ;;
     *) echo "$usage" >&2; exit 2 ;;
 esac

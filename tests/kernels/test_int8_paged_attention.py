@@ -13,6 +13,10 @@ Hence ``|out - ref| <= 2 u max|v|`` plus fp32 noise (exp2 vs exp, summation orde
 below the bound. Rows with few keys (a 1-token sequence outputs one rounded value row) do
 not average the errors out: these tests reach 0.3-0.75 of the bound, so it is tight, not
 decorative.
+
+With the Hadamard rotation the reference works in the rotated space as the kernels do (see
+``attention_reference``); the PV rounding error ``sum_n eps_n p_n v_n`` rotates back to the same
+form in the original space, so the bound uses ``max|v|`` of the un-rotated dequantized V.
 """
 
 import pytest
@@ -23,6 +27,7 @@ from govinda_patch.kernel_package import import_kernel
 layout = import_kernel("int8_kv_layout")
 attention = import_kernel("int8_paged_attention")
 launch_configs = import_kernel("launch_configs")
+kv_rotation = import_kernel("kv_rotation")
 
 SENTINEL = 7.0  # written into the output beforehand: rows the kernel must leave alone keep it
 
@@ -47,11 +52,15 @@ class Batch:
         dtype=torch.bfloat16,
         extra_tokens=2,
         seed=0,
+        rotation="none",
+        key_outlier_channels=(),
     ):
         generator = torch.Generator().manual_seed(seed)
         self.num_q_heads, self.num_kv_heads, self.head_dim = num_q_heads, num_kv_heads, head_dim
         self.block_size, self.num_decodes, self.dtype = block_size, num_decodes, dtype
         self.query_lens, self.seq_lens = list(query_lens), list(seq_lens)
+        self.rotation = rotation
+        self.original_kv = {}  # seq -> (key, value) before quantization
 
         # Shuffled physical blocks, block 0 never used, table rows padded with block 0.
         blocks_per_seq = [-(-length // block_size) for length in self.seq_lens]
@@ -69,11 +78,14 @@ class Batch:
         for seq, length in enumerate(self.seq_lens):
             if length == 0:
                 continue
-            key = (torch.randn(length, num_kv_heads, head_dim, generator=generator) * 2).to(dtype)
+            key = torch.randn(length, num_kv_heads, head_dim, generator=generator) * 2
+            key[..., list(key_outlier_channels)] *= 20  # real K has a few large channels
+            key = key.to(dtype)
             value = torch.randn(length, num_kv_heads, head_dim, generator=generator).to(dtype)
             positions = torch.arange(length)
             slots = self.block_table[seq].long()[positions // block_size] * block_size + positions % block_size
-            layout.store_reference(key, value, self.kv_cache, slots, block_size)
+            layout.store_reference(key, value, self.kv_cache, slots, block_size, rotation=rotation)
+            self.original_kv[seq] = (key, value)
 
         starts = [0]
         for length in self.query_lens:
@@ -107,6 +119,7 @@ class Batch:
             max_seq_len=max(self.seq_lens),
             num_decodes=self.num_decodes,
             workspace=workspace,
+            rotation=self.rotation,
         )
         return output
 
@@ -120,6 +133,7 @@ class Batch:
             block_size=self.block_size,
             num_kv_heads=self.num_kv_heads,
             softmax_scale=self.softmax_scale,
+            rotation=self.rotation,
         )
 
     def max_abs_value(self):
@@ -130,6 +144,8 @@ class Batch:
                 _, value = layout.gather_reference(
                     self.kv_cache, self.block_table[seq], length, self.block_size, self.num_kv_heads, self.head_dim
                 )
+                if self.rotation != "none":
+                    value = kv_rotation.hadamard_reference(value)
                 largest = max(largest, value.abs().max().item())
         return largest
 
@@ -334,3 +350,87 @@ def test_split_policy_fills_the_gpu_and_can_differ_for_batched_steps():
     capped = launch_configs.DecodeSplitPolicy(programs_per_sm=64, max_splits=16)
     assert launch_configs.decode_num_splits(1, 1, sms, capped) == 16
     assert launch_configs.decode_num_splits(10_000, kv_heads, sms, policy) == 1
+
+
+# Rotated cache: the three head sizes, GQA ratios 1/3/6, a split-KV decode (several tiles per
+# split and an empty split), a single-split decode batch, and prefill chunks over a prefix.
+ROTATED_CASES = [
+    pytest.param(4, 4, 64, 16, torch.bfloat16, [1, 1, 9, 30], [300, 5, 9, 61], id="gqa1-d64-bs16-bf16"),
+    pytest.param(6, 2, 128, 48, torch.float16, [1, 1, 1, 17], [130, 23, 1, 50], id="gqa3-d128-bs48-fp16"),
+    pytest.param(6, 1, 256, 80, torch.bfloat16, [1, 12], [90, 40], id="gqa6-d256-bs80-bf16"),
+]
+
+
+@pytest.mark.parametrize(
+    ("num_q_heads", "num_kv_heads", "head_dim", "block_size", "dtype", "query_lens", "seq_lens"), ROTATED_CASES
+)
+def test_rotated_cache_matches_reference(num_q_heads, num_kv_heads, head_dim, block_size, dtype, query_lens, seq_lens):
+    num_decodes = sum(1 for length in query_lens if length == 1)
+    batch = Batch(
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        query_lens=query_lens,
+        seq_lens=seq_lens,
+        num_decodes=num_decodes,
+        dtype=dtype,
+        seed=head_dim + 1,
+        rotation="hadamard",
+    )
+    output = batch.run()
+    reference = assert_matches_reference(batch, output)
+    # The same bytes read without rotating q and o back give a different answer: the kernel
+    # really rotated (the tolerance is far below the gap).
+    plain = attention.attention_reference(
+        batch.query, batch.kv_cache, batch.query_start_loc, batch.seq_lens_tensor, batch.block_table,
+        block_size=block_size, num_kv_heads=num_kv_heads, softmax_scale=batch.softmax_scale,
+    )
+    start, end = batch.real_rows()[0]
+    assert (plain[start:end] - reference[start:end]).abs().max().item() > 10 * batch.tolerance()
+
+
+def fp32_attention_on_original_kv(batch):
+    """Causal fp32 attention on the K/V before quantization (no cache involved)."""
+    group = batch.num_q_heads // batch.num_kv_heads
+    starts = batch.query_start_loc.tolist()
+    out = torch.zeros(batch.num_tokens, batch.num_q_heads, batch.head_dim)
+    for seq, (key, value) in batch.original_kv.items():
+        start, end = starts[seq], starts[seq + 1]
+        seq_len, query_len = batch.seq_lens[seq], end - start
+        keys, values = key.float().repeat_interleave(group, 1), value.float().repeat_interleave(group, 1)
+        scores = torch.einsum("qhd,khd->hqk", batch.query[start:end].float(), keys) * batch.softmax_scale
+        visible = torch.arange(seq_len)[None, :] <= torch.arange(seq_len - query_len, seq_len)[:, None]
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+        out[start:end] = torch.einsum("hqk,khd->qhd", probs, values)
+    return out
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_rotation_cuts_the_error_against_fp32_attention_on_the_original_kv(head_dim):
+    """K with a few large channels (as after RoPE in real models): per-row absmax INT8 wastes its
+    range on them unless the rows are rotated first. Compared with fp32 attention on the
+    unquantized K/V, the rotated cache must be clearly closer than the plain INT8 cache."""
+    errors = {}
+    for rotation_name in ("none", "hadamard"):
+        batch = Batch(
+            num_q_heads=4,
+            num_kv_heads=2,
+            head_dim=head_dim,
+            block_size=48,
+            query_lens=[1, 1, 20],
+            seq_lens=[150, 60, 70],
+            num_decodes=2,
+            dtype=torch.float16,
+            seed=head_dim,
+            rotation=rotation_name,
+            key_outlier_channels=(3, head_dim // 2 + 5),
+        )
+        output = batch.run()
+        assert_matches_reference(batch, output)
+        truth = fp32_attention_on_original_kv(batch)
+        rows = torch.zeros(batch.num_tokens, dtype=torch.bool)
+        for start, end in batch.real_rows():
+            rows[start:end] = True
+        errors[rotation_name] = (output[rows].float() - truth[rows]).abs().mean().item()
+    assert errors["hadamard"] < 0.7 * errors["none"], errors

@@ -1,0 +1,86 @@
+"""The Hadamard rotation (kernels/kv_rotation.py): its Triton butterfly against the torch
+reference, the reference against the matrix, and the rotated store kernel bit for bit."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from govinda_patch.kernel_package import import_kernel
+
+layout = import_kernel("int8_kv_layout")
+store = import_kernel("int8_kv_store")
+kv_rotation = import_kernel("kv_rotation")
+
+
+@triton.jit
+def _rotate_rows_kernel(x_ptr, y_ptr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, LOG2: tl.constexpr, NORM: tl.constexpr):
+    offsets = tl.arange(0, ROWS)[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    tl.store(y_ptr + offsets, kv_rotation.hadamard_rows(tl.load(x_ptr + offsets), ROWS, HEAD_DIM, LOG2, NORM))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_triton_butterfly_is_bit_exact_against_the_reference(head_dim):
+    x = torch.randn(16, head_dim, generator=torch.Generator().manual_seed(head_dim)) * 5
+    y = torch.empty_like(x)
+    _rotate_rows_kernel[(1,)](
+        x, y, ROWS=16, HEAD_DIM=head_dim, LOG2=kv_rotation.log2_exact(head_dim), NORM=kv_rotation.normalizer(head_dim)
+    )
+    assert torch.equal(y, kv_rotation.hadamard_reference(x))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_reference_is_the_orthonormal_sylvester_hadamard_matrix(head_dim):
+    matrix = kv_rotation.hadamard_matrix(head_dim, dtype=torch.float64)
+    entries = matrix.abs() * head_dim**0.5
+    torch.testing.assert_close(entries, torch.ones_like(entries))
+    torch.testing.assert_close(matrix, matrix.T)
+    torch.testing.assert_close(matrix @ matrix, torch.eye(head_dim, dtype=torch.float64))
+    # Sylvester order: H_2n = [[H_n, H_n], [H_n, -H_n]].
+    half = kv_rotation.hadamard_matrix(head_dim // 2, dtype=torch.float64) / 2**0.5
+    torch.testing.assert_close(matrix[: head_dim // 2, head_dim // 2 :], half)
+    torch.testing.assert_close(matrix[head_dim // 2 :, head_dim // 2 :], -half)
+    x = torch.randn(5, 3, head_dim, dtype=torch.float32)
+    torch.testing.assert_close(kv_rotation.hadamard_reference(x).double(), x.double() @ matrix, atol=1e-5, rtol=1e-5)
+    # Its own inverse.
+    torch.testing.assert_close(kv_rotation.hadamard_reference(kv_rotation.hadamard_reference(x)), x, atol=1e-5, rtol=1e-5)
+
+
+def test_unknown_rotation_and_odd_head_dim_are_clear_errors():
+    with pytest.raises(ValueError, match="unknown KV rotation"):
+        kv_rotation.check_rotation("givens")
+    with pytest.raises(ValueError, match="power-of-two"):
+        kv_rotation.log2_exact(96)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(("head_dim", "block_size"), [(64, 16), (128, 48), (256, 80)], ids=lambda v: str(v))
+def test_rotated_store_is_bit_exact_against_rotate_then_quantize(dtype, head_dim, block_size):
+    generator = torch.Generator().manual_seed(head_dim * 7 + block_size)
+    num_tokens, num_kv_heads = 13, 2
+    # Strided K/V views (a token stride larger than H * D), as vLLM hands them over.
+    fused = (torch.randn(num_tokens, 2, num_kv_heads, head_dim + 8, generator=generator) * 3).to(dtype)
+    key, value = fused[:, 0, :, :head_dim], fused[:, 1, :, :head_dim]
+    key[:, :, 3] *= 30  # an outlier channel
+    key[4] = 0.0  # all-zero row: the scale floor
+    num_blocks = -(-num_tokens // block_size) + 2
+    cache = torch.randint(-128, 128, layout.cache_shape(num_blocks, block_size, num_kv_heads, head_dim), dtype=torch.int8, generator=generator)
+    slot_mapping = torch.randperm(num_blocks * block_size, generator=generator)[:num_tokens]
+    slot_mapping[[0, 7]] = -1
+    ours, expected, plain = cache.clone(), cache.clone(), cache.clone()
+    store.store_kv_int8(key, value, ours, slot_mapping, block_size=block_size, rotation="hadamard")
+    layout.store_reference(key, value, expected, slot_mapping, block_size, rotation="hadamard")
+    layout.store_reference(key, value, plain, slot_mapping, block_size)
+    assert torch.equal(ours, expected)
+    assert not torch.equal(ours, plain)
+    # What the page holds is the quantized rotated row: rotating it back recovers the input
+    # more closely than the plain format does (the outlier channel no longer sets every step).
+    positions = torch.arange(num_blocks * block_size)
+    table = torch.arange(num_blocks, dtype=torch.int32)
+    rotated_k, _ = layout.gather_reference(ours, table, num_blocks * block_size, block_size, num_kv_heads, head_dim)
+    plain_k, _ = layout.gather_reference(plain, table, num_blocks * block_size, block_size, num_kv_heads, head_dim)
+    rows = slot_mapping[slot_mapping >= 0].long()
+    truth = key[slot_mapping >= 0].float()
+    rotated_error = (kv_rotation.hadamard_reference(rotated_k[positions[rows]]) - truth).norm()
+    plain_error = (plain_k[positions[rows]] - truth).norm()
+    assert rotated_error < 0.5 * plain_error

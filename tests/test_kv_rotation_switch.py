@@ -1,0 +1,68 @@
+"""GOVINDA_KV_ROTATION: parsed in settings, the same choices as the kernels, and part of the
+torch.compile cache key (a server started with either rotation never reuses the other's graphs)."""
+
+from __future__ import annotations
+
+from govinda_patch import settings
+from govinda_patch.kernel_package import import_kernel
+from overlay_testing import REPO
+
+HASH_PROBE = f"""
+from vllm.engine.arg_utils import EngineArgs
+cfg = EngineArgs(model={str(REPO / "tests" / "models" / "qwen3_5-27b-shape")!r}, max_model_len=4096,
+                 load_format="dummy", language_model_only=True, skip_tokenizer_init=True).create_engine_config()
+report(cfg.compute_hash())
+"""
+
+
+def test_switch_choices_match_the_kernels():
+    assert settings.KV_ROTATIONS == import_kernel("kv_rotation").ROTATIONS
+    assert settings.DEFAULT_KV_ROTATION in settings.KV_ROTATIONS
+    names = [switch.name for switch in settings.GLOBAL_SWITCHES]
+    assert "GOVINDA_KV_ROTATION" in names
+
+
+def test_switch_parsing_and_bad_values():
+    assert settings.Settings.from_env({}).kv_rotation == settings.DEFAULT_KV_ROTATION
+    assert settings.Settings.from_env({"GOVINDA_KV_ROTATION": " None "}).kv_rotation == "none"
+    assert settings.Settings.from_env({"GOVINDA_KV_ROTATION": "hadamard"}).kv_rotation == "hadamard"
+    bad = settings.Settings.from_env({"GOVINDA_KV_ROTATION": "givens"})
+    assert bad.kv_rotation == settings.DEFAULT_KV_ROTATION
+    assert len(bad.warnings) == 1 and "GOVINDA_KV_ROTATION" in bad.warnings[0] and "hadamard" in bad.warnings[0]
+    assert settings.kv_rotation({"GOVINDA_KV_ROTATION": "none"}) == "none"
+
+
+def test_rotation_changes_the_compile_cache_key(child, dcu_env):
+    hashes = {}
+    for rotation in ("none", "hadamard"):
+        result = child(HASH_PROBE, dict(dcu_env, GOVINDA_KV_ROTATION=rotation))
+        assert result.returncode == 0, result
+        assert any("int8_compile_cache_key=applied" in line for line in result.govinda_lines()), result
+        hashes[rotation] = result.result
+    assert hashes["none"] != hashes["hadamard"], hashes
+    assert all(isinstance(value, str) and len(value) >= 10 for value in hashes.values()), hashes
+
+
+def test_smollm2_rotation_sides_file():
+    """The served rotation run: both overlay sides pin the switch and check the worker logged it;
+    the stock sides and the workload are those of the four-side agreement file."""
+    from bench import ab
+
+    def load(name):
+        return ab.build_config(ab.build_arg_parser().parse_args(["--sides", str(REPO / "scripts" / "h200" / name)]))
+
+    rotation, agreement = load("ab_smollm2_rotation.yaml"), load("ab_smollm2_agreement.yaml")
+    assert [s.name for s in rotation.sides] == [
+        "overlay_off", "overlay_rotated", "overlay_unrotated", "triton_bf16", "upstream_int8"
+    ]
+    assert rotation.baseline_name() == "overlay_off"
+    assert rotation.server_args == agreement.server_args + ["--enforce-eager"]
+    assert (rotation.model, rotation.env) == (agreement.model, agreement.env)
+    assert rotation.bench["teacher_forced_texts"] == agreement.bench["teacher_forced_texts"]
+    for side, value in ((rotation.sides[1], "hadamard"), (rotation.sides[2], "none")):
+        assert side.env == {"GOVINDA_DISABLE": "0", "GOVINDA_KV_ROTATION": value}
+        patterns = {p.name: p for p in side.log_patterns}
+        assert patterns["govinda_rotation"].regex == f"kv_rotation={value}" and patterns["govinda_rotation"].min == 1
+    by_name = {s.name: s for s in agreement.sides}
+    for side in rotation.sides[3:]:
+        assert (side.env, side.server_args) == (by_name[side.name].env, by_name[side.name].server_args)
