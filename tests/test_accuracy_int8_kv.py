@@ -52,7 +52,7 @@ MIN_TOP1_AGREEMENT = 0.99
 # Symmetric per-(token, head) INT8 does NOT reach 99% overall top-1 agreement on this model
 # (~98.6% here; every flip is a near-tie, bf16 KV alone flips ~0.4%): see
 # reports/accuracy_smollm2.md. The 99% goal is enforced on the tokens the baseline is sure of;
-# overall agreement gets a regression floor until K is rotated (Hadamard) before quantizing.
+# overall agreement gets a regression floor; the rotated format (GOVINDA_KV_ROTATION=hadamard) meets 99%.
 MIN_TOP1_AGREEMENT_ALL_TOKENS = 0.98
 
 
@@ -79,17 +79,25 @@ def short_windows(model_and_tokenizer):
 
 def test_int8_kv_perplexity_and_top1_agreement(model_and_tokenizer, short_windows):
     model, _ = model_and_tokenizer
-    parts = []
+    parts = {"int8": [], "rotated": []}
     for ids in short_windows.values():
         base_hidden, _ = teacher_forced.final_hidden_states(model, ids, None)
-        int8_hidden, _ = teacher_forced.final_hidden_states(model, ids, govinda_int8)
-        result = teacher_forced.compare_to_baseline(model, ids[0, 1:], base_hidden[:-1], {"int8": int8_hidden[:-1]})
-        parts.append(result["int8"])
-    summary = teacher_forced.summarize(teacher_forced.concat_per_token(parts))
-    print(f"INT8 KV vs fp32 KV on {summary['tokens']} tokens: {summary}")
+        hidden = {
+            "int8": teacher_forced.final_hidden_states(model, ids, govinda_int8)[0][:-1],
+            "rotated": teacher_forced.final_hidden_states(model, ids, govinda_int8_rotated)[0][:-1],
+        }
+        result = teacher_forced.compare_to_baseline(model, ids[0, 1:], base_hidden[:-1], hidden)
+        for name in parts:
+            parts[name].append(result[name])
+    summary = teacher_forced.summarize(teacher_forced.concat_per_token(parts["int8"]))
+    rotated = teacher_forced.summarize(teacher_forced.concat_per_token(parts["rotated"]))
+    print(f"INT8 KV vs fp32 KV on {summary['tokens']} tokens: {summary}; rotated: {rotated}")
     assert summary["ppl_ratio"] - 1 <= MAX_PPL_INCREASE, summary
     assert summary["top1_agreement_confident"] >= MIN_TOP1_AGREEMENT, summary
     assert summary["top1_agreement"] >= MIN_TOP1_AGREEMENT_ALL_TOKENS, summary
+    # GOVINDA_KV_ROTATION=hadamard is held to the 99 % goal on every token.
+    assert rotated["ppl_ratio"] - 1 <= MAX_PPL_INCREASE, rotated
+    assert rotated["top1_agreement"] >= MIN_TOP1_AGREEMENT, rotated
 
 
 def test_quantization_hook_changes_the_kv_it_hands_to_attention(model_and_tokenizer, short_windows):

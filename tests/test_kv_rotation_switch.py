@@ -37,8 +37,8 @@ def test_rotation_changes_the_compile_cache_key(child, dcu_env):
     for rotation in ("none", "hadamard"):
         result = child(HASH_PROBE, dict(dcu_env, GOVINDA_KV_ROTATION=rotation))
         assert result.returncode == 0, result
-        assert any("int8_compile_cache_key=applied" in line for line in result.govinda_lines()), result
         hashes[rotation] = result.result
+    # Unpatched, vLLM's key would not depend on a GOVINDA_* variable at all.
     assert hashes["none"] != hashes["hadamard"], hashes
     assert all(isinstance(value, str) and len(value) >= 10 for value in hashes.values()), hashes
 
