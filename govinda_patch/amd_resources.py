@@ -128,7 +128,15 @@ def _metadata_value(listing: str, name: str) -> int:
 
 def parse_listing(listing: str, *, lds_bytes: int, num_warps: int) -> AmdResources:
     """Resources from one kernel's AMDGCN listing (Triton's ``asm["amdgcn"]``)."""
-    values = {field: _listing_value(listing, name) for field, name in _LISTING_FIELDS.items()}
+    # Targets before gfx90a (gfx906: no AGPRs, no unified register file) list neither AGPRs nor
+    # a total: there the total is the arch VGPRs.
+    values = {
+        field: _listing_value(listing, name)
+        for field, name in _LISTING_FIELDS.items()
+        if field not in ("agprs", "total_vgprs") or re.search(rf"^;\s*{name}:", listing, re.MULTILINE)
+    }
+    values.setdefault("agprs", 0)
+    values.setdefault("total_vgprs", values["arch_vgprs"])
     return AmdResources(
         **values,
         lds_bytes=int(lds_bytes),

@@ -45,11 +45,15 @@ def test_ci_subset_compiles_every_kernel_for_both_targets_and_refuses_gfx906(tmp
             # Where LDS does not limit, our register model must agree with the compiler's own.
             if row["waves_by_lds"] > row["waves_per_simd"] or row["lds_bytes"] == 0:
                 assert row["waves_per_simd"] == row["compiler_occupancy"], row
+    # Upstream Triton 3.6 (vLLM 0.18/0.26 lines) refuses gfx906; 3.8 (the 0.33 line) compiles it,
+    # with spills in the larger tiles (probed, not gated: gfx906 has no AGPRs to park them in).
     probes = [r for r in rows if r["arch"] == "gfx906"]
-    assert probes and all(r["status"] == "unsupported" for r in probes)
-    assert "unsupported target" in probes[0]["diagnostic"]
+    statuses = {r["status"] for r in probes}
+    assert probes and (statuses == {"unsupported"} or statuses <= {"ok", "problem"}), statuses
+    if statuses == {"unsupported"}:
+        assert "unsupported target" in probes[0]["diagnostic"]
     markdown = (tmp_path / "aot_resources.md").read_text()
-    assert "rocm_gfx9 table entries" in markdown and "gfx906: unsupported" in markdown
+    assert "rocm_gfx9 table entries" in markdown and f"gfx906: {', '.join(sorted(statuses))}" in markdown
 
 
 def test_gate_fails_a_config_that_spills_and_captures_the_wrappers_options(child, compiled_env):
