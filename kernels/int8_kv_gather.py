@@ -25,7 +25,7 @@ from .int8_kv_layout import gather_reference, page_offsets
 from .int8_kv_store import float32_view
 from .kv_rotation import NONE, check_rotation, hadamard_reference, hadamard_rows, log2_exact, normalizer
 
-__all__ = ["gather_kv_int8", "gather_kv_reference"]
+__all__ = ["gather_kv_int8", "gather_kv_reference", "varlen_attention_reference"]
 
 DEFAULT_BLOCK_T = 64
 
@@ -186,3 +186,27 @@ def gather_kv_reference(
         values.append(v.to(dtype))
     empty = torch.empty((0, num_kv_heads, head_dim), dtype=dtype, device=kv_cache.device)
     return (torch.cat(keys) if keys else empty), (torch.cat(values) if values else empty)
+
+
+def varlen_attention_reference(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale):
+    """fp32 causal varlen attention with FA's calling convention (``GatheredPrefill``) and mask:
+    bottom-right aligned, i.e. the queries are the last ``len_q`` of ``len_k`` positions. Writes
+    ``out`` rows ``[0, cu_seqlens_q[-1])`` in its dtype. Plain torch, for tests on the CPU."""
+    group = q.shape[1] // k.shape[1]
+    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    if max(b - a for a, b in zip(starts_q, starts_q[1:])) > max_seqlen_q or max(
+        b - a for a, b in zip(starts_k, starts_k[1:])
+    ) > max_seqlen_k:
+        raise ValueError("max_seqlen_q / max_seqlen_k do not bound the sequence lengths")
+    for seq in range(len(starts_q) - 1):
+        rows = slice(starts_q[seq], starts_q[seq + 1])
+        qs = q[rows].float()
+        ks = k[starts_k[seq] : starts_k[seq + 1]].float().repeat_interleave(group, dim=1)
+        vs = v[starts_k[seq] : starts_k[seq + 1]].float().repeat_interleave(group, dim=1)
+        len_q, len_k = qs.shape[0], ks.shape[0]
+        if len_q == 0:
+            continue
+        scores = torch.einsum("qhd,khd->hqk", qs, ks) * softmax_scale
+        visible = torch.arange(len_k, device=q.device)[None, :] <= torch.arange(len_k - len_q, len_k, device=q.device)[:, None]
+        probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+        out[rows] = torch.einsum("hqk,khd->qhd", probs, vs).to(out.dtype)

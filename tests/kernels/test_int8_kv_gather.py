@@ -77,25 +77,11 @@ def test_gather_rejects_mismatched_outputs():
 
 
 def varlen_reference(calls):
-    """A causal varlen kernel in fp32 (bottom-right aligned like FA's), recording its inputs."""
+    """The torch varlen reference, recording its inputs."""
 
     def varlen(q, k, v, out, cu_q, cu_k, max_q, max_k, scale):
         calls.append((q.shape[0], k.shape[0], max_q, max_k))
-        group = q.shape[1] // k.shape[1]
-        cu_q, cu_k = cu_q.tolist(), cu_k.tolist()
-        assert max_q >= max(b - a for a, b in zip(cu_q, cu_q[1:]))
-        assert max_k >= max(b - a for a, b in zip(cu_k, cu_k[1:]))
-        for seq in range(len(cu_q) - 1):
-            qs, ks = q[cu_q[seq] : cu_q[seq + 1]].float(), k[cu_k[seq] : cu_k[seq + 1]].float()
-            vs = v[cu_k[seq] : cu_k[seq + 1]].float()
-            len_q, len_k = qs.shape[0], ks.shape[0]
-            if len_q == 0:
-                continue
-            ks, vs = ks.repeat_interleave(group, dim=1), vs.repeat_interleave(group, dim=1)
-            scores = torch.einsum("qhd,khd->hqk", qs, ks) * scale
-            visible = torch.arange(len_k)[None, :] <= torch.arange(len_k - len_q, len_k)[:, None]
-            probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
-            out[cu_q[seq] : cu_q[seq + 1]] = torch.einsum("hqk,khd->qhd", probs, vs).to(out.dtype)
+        gather.varlen_attention_reference(q, k, v, out, cu_q, cu_k, max_q, max_k, scale)
 
     return varlen
 
