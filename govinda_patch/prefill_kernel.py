@@ -34,8 +34,8 @@ class PrefillChoice:
     description: str  # for the builder's one log line
 
 
-def _fa3_varlen() -> tuple[Optional[Callable], str]:
-    """vLLM's FA3 varlen function wrapped to the kernels' calling convention, or (None, why not)."""
+def fa3_interface():
+    """``(vllm.vllm_flash_attn.flash_attn_interface, "")`` when FA3 runs here, else ``(None, why not)``."""
     try:
         from vllm.vllm_flash_attn import flash_attn_interface as fa
     except Exception as exc:  # not built for this platform, missing CUDA libraries, ...
@@ -45,6 +45,15 @@ def _fa3_varlen() -> tuple[Optional[Callable], str]:
             return None, f"FA3 is not supported here ({fa.fa_version_unsupported_reason(3)})"
     except Exception as exc:
         return None, f"FA3 support check failed ({type(exc).__name__}: {str(exc)[:120]})"
+    return fa, ""
+
+
+def fa3_varlen() -> tuple[Optional[Callable], str]:
+    """vLLM's FA3 varlen function wrapped to the kernels' ``GatheredPrefill`` calling convention,
+    or ``(None, why not)``."""
+    fa, why_not = fa3_interface()
+    if fa is None:
+        return None, why_not
 
     def varlen(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale):
         fa.flash_attn_varlen_func(
@@ -73,7 +82,7 @@ def resolve(configs, head_dim: int, device, environ=None) -> PrefillChoice:
     elif head_dim > FA3_MAX_HEAD_DIM or head_dim % 8:
         why_not = f"FA3 does not take head_dim {head_dim}"
     if not why_not:
-        varlen, note = _fa3_varlen()
+        varlen, note = fa3_varlen()
         if varlen is not None:
             origin = "GOVINDA_PREFILL_KERNEL=fa3" if wanted == FA3 else f"table {configs.key}"
             return PrefillChoice(FA3, varlen, f"fa3 ({origin}): gather-dequantize INT8 pages to bf16 + {note}")

@@ -37,11 +37,13 @@ def _rounded(x, OUT_BF16: tl.constexpr):
     bf16 is rounded with integer ops because Triton's CPU interpreter truncates fp32 -> bf16
     casts; the GPU path uses the same ops, so both produce the reference's bits (finite inputs).
     """
-    if OUT_BF16:
+    if OUT_BF16:  # a constexpr branch: the two results may differ in type
         bits = x.to(tl.uint32, bitcast=True)
         bits = bits + (0x7FFF + ((bits >> 16) & 1))
-        return (bits >> 16).to(tl.int16)
-    return x.to(tl.float16)
+        rounded = (bits >> 16).to(tl.int16)
+    else:
+        rounded = x.to(tl.float16)
+    return rounded
 
 
 @triton.jit
