@@ -152,11 +152,16 @@ class GovindaInt8MetadataBuilder(AttentionMetadataBuilder[GovindaInt8Metadata]):
         if total_k <= 0 or total_k > GATHER_TOKEN_CAP:
             return None
         starts = metadata.query_start_loc_cpu[num_decodes : num_seqs + 1].to(torch.int64)
-        cu_seqlens_k = torch.zeros(seq_lens.shape[0] + 1, dtype=torch.int32, pin_memory=self._pin)
+        # One pinned host tensor, one asynchronous copy: [cu_seqlens_k | cu_seqlens_q].
+        host = torch.zeros(2 * (seq_lens.shape[0] + 1), dtype=torch.int32, pin_memory=self._pin)
+        cu_seqlens_k, cu_seqlens_q = host.view(2, -1)
         torch.cumsum(seq_lens, 0, out=cu_seqlens_k[1:])
+        cu_seqlens_q.copy_(starts - starts[0])
+        device_cu = host.to(self.device, non_blocking=True).view(2, -1)
         return _attention.GatheredPrefill(
             varlen_attention=self.prefill.varlen_attention,
-            cu_seqlens_k=cu_seqlens_k.to(self.device, non_blocking=True),
+            cu_seqlens_k=device_cu[0],
+            cu_seqlens_q=device_cu[1],
             total_k=total_k,
             max_seqlen_k=int(seq_lens.max()),
             max_seqlen_q=int((starts[1:] - starts[:-1]).max()),

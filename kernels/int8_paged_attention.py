@@ -819,6 +819,9 @@ class GatheredPrefill:
     max_seqlen_k: int
     max_seqlen_q: int
     num_prefill_tokens: int  # query rows of the prefills (they follow the num_decodes decode rows)
+    # Device int32 [num_prefills + 1]: the prefills' query rows from 0; None: derived from
+    # query_start_loc on the device (one more small kernel per layer).
+    cu_seqlens_q: Optional[torch.Tensor] = None
 
 
 def _gathered_prefill(
@@ -841,8 +844,7 @@ def _gathered_prefill(
     query dtype, then a bf16 varlen kernel: it sees exactly the values the INT8 decode sees."""
     head_dim = query.shape[2]
     # Transient: mixed batches are never captured as full CUDA graphs (the builder's support level).
-    keys = torch.empty((plan.total_k, num_kv_heads, head_dim), dtype=query.dtype, device=query.device)
-    values = torch.empty_like(keys)
+    keys, values = torch.empty((2, plan.total_k, num_kv_heads, head_dim), dtype=query.dtype, device=query.device)
     gather_kv_int8(
         kv_cache, block_table[num_decodes:], seq_lens[num_decodes:], plan.cu_seqlens_k, keys, values,
         block_size=block_size, num_kv_heads=num_kv_heads, max_seqlen_k=plan.max_seqlen_k, rotation=rotation,
@@ -850,7 +852,7 @@ def _gathered_prefill(
     )
     # Decodes are one token each, so the prefills' rows start at row num_decodes.
     rows = slice(num_decodes, num_decodes + plan.num_prefill_tokens)
-    cu_seqlens_q = query_start_loc[num_decodes:] - num_decodes
+    cu_seqlens_q = plan.cu_seqlens_q if plan.cu_seqlens_q is not None else query_start_loc[num_decodes:] - num_decodes
     plan.varlen_attention(
         query[rows], keys, values, output[rows], cu_seqlens_q, plan.cu_seqlens_k,
         plan.max_seqlen_q, plan.max_seqlen_k, softmax_scale,

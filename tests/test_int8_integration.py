@@ -290,7 +290,7 @@ report({
     "padded_slots_untouched": bool(torch.equal(cache[0], before[0])),
     "store_matches_reference": bool(torch.equal(cache, reference_cache)),
     "gathered_plan": None if plan is None else [plan.total_k, plan.max_seqlen_k, plan.max_seqlen_q,
-                                               plan.num_prefill_tokens, plan.cu_seqlens_k.tolist()],
+                                               plan.num_prefill_tokens, plan.cu_seqlens_k.tolist(), plan.cu_seqlens_q.tolist()],
     "gathered_vs_reference": float((gathered_output[:num_tokens].float() - expected).abs().max()),
     "gathered_decodes_identical": bool(torch.equal(gathered_output[:2], output[:2])),
     "gathered_padding_untouched": bool((gathered_output[num_tokens:] == 7.0).all()),
@@ -313,7 +313,7 @@ def test_forward_and_kv_update_with_real_vllm_metadata(child, dcu_env, rotation)
     assert r["padding_untouched"] and r["padded_slots_untouched"]
     assert r["store_matches_reference"]
     # Gather + varlen prefill: host sizes from the CPU copies (one 9-token chunk over 39 positions).
-    assert r["gathered_plan"] == [39, 39, 9, 9, [0, 39]], r
+    assert r["gathered_plan"] == [39, 39, 9, 9, [0, 39], [0, 9]], r
     assert r["gathered_vs_reference"] < 1e-2, r
     assert r["gathered_decodes_identical"] and r["gathered_padding_untouched"]
 
