@@ -1315,21 +1315,18 @@ def fp32_reference_rows(query, key, value, seq_offsets, step: Step, geometry: Ge
 
 def add_ratios(ctx: Context, case: Dict[str, Any], modes: Sequence[str]) -> None:
     ours = f"ours_bs{ctx.config.ours_block_size}"
+    # --fa3 / --rotation: each of our variants over one baseline, "<prefix>_over_<label>".
     if getattr(ctx.args, "fa3", False):
-        fa3 = f"fa3_bf16_bs{ctx.config.bf16_block_size}"
+        baseline, label, prefixes = f"fa3_bf16_bs{ctx.config.bf16_block_size}", "fa3", ("ours", "ours_fa3")
+    elif getattr(ctx.args, "rotation", False):
+        baseline, label, prefixes = ours, "unrotated", ("ours_rot", "ours_rotpp")
+    else:
+        baseline = None
+    if baseline is not None:
         case["time_ratios"] = {
             mode: {
-                f"{prefix}_over_fa3": _ratio(case["contenders"], f"{prefix}_bs{ctx.config.ours_block_size}", fa3, mode)
-                for prefix in ("ours", "ours_fa3")
-            }
-            for mode in modes
-        }
-        return
-    if getattr(ctx.args, "rotation", False):
-        case["time_ratios"] = {
-            mode: {
-                f"{prefix}_over_unrotated": _ratio(case["contenders"], f"{prefix}_bs{ctx.config.ours_block_size}", ours, mode)
-                for prefix in ("ours_rot", "ours_rotpp")
+                f"{prefix}_over_{label}": _ratio(case["contenders"], f"{prefix}_bs{ctx.config.ours_block_size}", baseline, mode)
+                for prefix in prefixes
             }
             for mode in modes
         }
