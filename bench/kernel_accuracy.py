@@ -14,6 +14,9 @@ Cases (Qwen3.5-27B attention: 24 q heads / 4 KV heads, head_dim 256, bf16):
 * ``prefill_chunk``: one mixed call as vLLM schedules it: a decode at 8K first, then 2K-token
   prefill chunks over 30K and 2K cached prefixes.
 
+``--rotation`` compares our kernels instead (``GOVINDA_KV_ROTATION``): unrotated, rotated as
+shipped and rotated by bf16 torch matmuls around the unrotated kernels (kernel_bench's contenders).
+
 Run from the repository root (H200)::
 
     PYTHONPATH=$PWD:/tmp/site python3 bench/kernel_accuracy.py --out reports/kernel_accuracy_h200.json
@@ -230,6 +233,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--sections", default=",".join(ALL_SECTIONS), help=f"comma list of {','.join(ALL_SECTIONS)}")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under TRITON_INTERPRET=1")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--rotation",
+        action="store_true",
+        help="our kernels only: unrotated, Hadamard-rotated as shipped, and rotated by bf16 torch matmuls around the unrotated kernels",
+    )
     args = parser.parse_args(argv)
     if args.out is None:
         args.out = bench.REPO_ROOT / "reports" / ("kernel_accuracy_smoke.json" if args.smoke else "kernel_accuracy_h200.json")

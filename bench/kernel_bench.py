@@ -32,9 +32,10 @@ every section) and the run goes on; ``--time-budget-s`` stops starting new cases
 call signature, vLLM's kernels included (no CUDA graphs, no timings).
 
 ``--rotation`` compares our kernels with and without the Hadamard KV rotation instead
-(``GOVINDA_KV_ROTATION``): ``ours_bs1552`` (none), ``ours_rot_bs1552`` (rotation fused into
-the store/decode/prefill kernels, what ships) and ``ours_rotpp_bs1552`` (unrotated kernels with
-the rotation as torch matmuls before and after: the alternative design), at decode 4K/32K,
+(``GOVINDA_KV_ROTATION``): ``ours_bs1552`` (none), ``ours_rot_bs1552`` (what ships: the rotation
+fused into the store and decode kernels, the prefill between two Triton row-rotation passes) and
+``ours_rotpp_bs1552`` (unrotated kernels with the rotation as bf16 torch matmuls before and after
+every kernel: the alternative design), at decode 4K/32K,
 prefill 6K/24K and store 1/2048 tokens; ratios are ``time_ratios[mode]["<name>_over_unrotated"]``.
 
 ``--fa3`` compares against FlashAttention-3 instead (issue #15): ``fa3_bf16_bs<B>`` (vLLM's shipped
@@ -478,8 +479,9 @@ def attended_keys(step: Step) -> int:
 
 
 class OursContender:
-    """Our kernels; ``rotation`` ``"hadamard"`` fused in them, or ``"prepost"``: the same rotation
-    as bf16 torch matmuls around the unrotated kernels (matrix preallocated, like an impl would)."""
+    """Our kernels; ``rotation`` ``"hadamard"`` as shipped (see the module docstring), or
+    ``"prepost"``: the same rotation as bf16 torch matmuls around the unrotated kernels (matrix
+    preallocated, like an impl would)."""
 
     PREFIXES = {"none": "ours", "hadamard": "ours_rot", "prepost": "ours_rotpp"}
 

@@ -70,7 +70,7 @@ class Job:
     arch: str
     case: Case
     variant: Variant
-    kernel: str  # store | decode_split | decode_write | decode_reduce | prefill | gather
+    kernel: str  # store | decode_split | decode_write | decode_reduce | prefill | gather | rotate
     config_label: str
     launch: CapturedLaunch
 
@@ -100,12 +100,11 @@ def _kernel_kind(launch: CapturedLaunch) -> str:
         "_decode_reduce_kernel": "decode_reduce",
         "_prefill_kernel": "prefill",
         "_gather_kv_kernel": "gather",
-    }.get(
-        name, name
-    )
+        "_rotate_token_rows_kernel": "rotate",  # the rotated prefill's pre/post pass
+    }.get(name, name)
 
 
-def _config_label(kind: str, configs, head_dim: int, rotated: bool = False) -> str:
+def _config_label(kind: str, configs, head_dim: int) -> str:
     if kind == "store":
         return configs.store.label
     if kind == "decode_reduce":
@@ -113,7 +112,10 @@ def _config_label(kind: str, configs, head_dim: int, rotated: bool = False) -> s
     if kind == "gather":
         return configs.gather.label
     if kind == "prefill":
-        return configs.prefill_config(head_dim, rotated=rotated).label
+        return configs.prefill_config(head_dim).label
+    if kind == "rotate":  # fixed tile, not in the tables
+        rotation = import_kernel("kv_rotation")
+        return f"r{rotation.ROTATE_TILE_ELEMENTS // head_dim}w{rotation.ROTATE_NUM_WARPS}"
     return configs.decode_config(head_dim).label
 
 
@@ -175,7 +177,7 @@ def build_jobs(cases: Iterable[Case], archs: Sequence[str], *, with_candidates: 
     for case in cases:
         for variant in variants(case.head_dim, with_candidates=with_candidates):
             for kind, launch in capture_variant(variant, case):
-                label = _config_label(kind, variant.configs, case.head_dim, rotated=case.rotation != "none")
+                label = _config_label(kind, variant.configs, case.head_dim)
                 if (case, kind, label) in seen:  # a candidate equal to the table's entry
                     continue
                 seen.add((case, kind, label))

@@ -24,8 +24,8 @@ DEFAULT_TUNE_BUDGET_S = 60.0
 PLATFORMS = ("rocm", "cuda")
 # Must equal kernels/kv_rotation.py ROTATIONS (tests check it); read here without importing torch.
 KV_ROTATIONS = ("none", "hadamard")
-# Off by default: the rotation is more accurate at no extra bytes, but costs 6-26% decode and ~90%
-# prefill attention time on the H200 (reports/h200/h200-kv-rotation.md), far over the 3% budget.
+# Off by default: the rotation is more accurate at no extra bytes, but costs 6-27% decode and 2-8%
+# prefill attention time on the H200 (reports/h200/h200-kv-rotation.md), over the 3% budget.
 DEFAULT_KV_ROTATION = "none"
 PREFILL_KERNELS = ("auto", "triton", "fa3")
 

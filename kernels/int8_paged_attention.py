@@ -23,9 +23,15 @@ columns (``P[:, n] *= v_scale[n]``) before ``P`` is rounded to the query dtype. 
 base 2 with ``log2(e)`` folded into the softmax scale.
 
 Rotation (``rotation="hadamard"``, cache written by the store kernel with the same rotation):
-each program rotates its query rows in fp32 (then rounds them to the query dtype) before its
-KV loop and rotates its fp32 accumulator back after it (:mod:`kv_rotation`). Split-KV partial
-accumulators are rotated back before they are written: the reduce step is linear in them.
+the decode kernel rotates its query rows in fp32 (then rounds them to the query dtype) before
+its KV loop and its fp32 accumulator back after it (:mod:`kv_rotation`); split-KV partial
+accumulators are rotated back before they are written (the reduce step is linear in them).
+The prefill runs the unrotated kernel between two row-rotation passes instead: the query rows
+rotated once into the output rows, the kernel in place on them (each program reads its own
+query tile before it writes the same tile), the output rows rotated back in place. Rotating
+``[BLOCK_M, D]`` tiles inside the prefill kernel raised its register pressure for the whole KV
+loop (1.9x at 6K/24K on an H200, reports/h200/h200-kv-rotation.md); a pass over the rows costs
+about what reading and writing them does.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import triton.language as tl
 from .int8_kv_gather import gather_kv_int8
 from .int8_kv_layout import gather_reference, page_offsets
 from .int8_kv_store import float32_view
-from .kv_rotation import NONE, check_rotation, hadamard_reference, hadamard_rows, log2_exact, normalizer
+from .kv_rotation import NONE, check_rotation, hadamard_reference, hadamard_rows, log2_exact, normalizer, rotate_token_rows
 from .launch_configs import (
     ArchLaunchConfigs,
     decode_num_splits,
@@ -428,9 +434,6 @@ def _prefill_kernel(
     V_SCALE_OFFSET_F32: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
-    ROTATE: tl.constexpr,
-    LOG2_HEAD_DIM: tl.constexpr,
-    ROTATION_NORM: tl.constexpr,
 ):
     head = tl.program_id(0)  # fastest-varying: the heads of one KV group share K/V in L2
     # Last query blocks first: late blocks of a sequence see the most KV (less tail effect).
@@ -468,8 +471,6 @@ def _prefill_kernel(
         mask=row_valid[:, None],
         other=0.0,
     )
-    if ROTATE:
-        q = hadamard_rows(q.to(tl.float32), BLOCK_M, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM)
     q = _dot_operand(q, DOT_DTYPE, UPCAST_DOT)
     kv_head = head // GROUP
     block_table_row = block_table_ptr + seq.to(tl.int64) * stride_block_table
@@ -557,8 +558,6 @@ def _prefill_kernel(
         )
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    if ROTATE:
-        out = hadamard_rows(out, BLOCK_M, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM)
     tl.store(
         output_ptr + tokens[:, None] * stride_o_token + head * stride_o_head + dims[None, :] * stride_o_dim,
         out.to(output_ptr.dtype.element_ty),
@@ -762,9 +761,12 @@ def _launch_prefill(
     num_tokens, num_q_heads, head_dim = query.shape
     num_seqs = seq_lens.shape[0]
     offsets = page_offsets(block_size, num_kv_heads, head_dim)
-    config = configs.prefill_config(head_dim, rotated=rotate)
+    config = configs.prefill_config(head_dim)
     # Upper bound on sum(cdiv(query_len, BLOCK_M)) over the prefills without reading query_start_loc.
     num_q_blocks = num_tokens // config.block_m + (num_seqs - num_decodes)
+    if rotate:  # the prefill rows of ``output`` hold the rotated query until the kernel overwrites them
+        rotate_token_rows(query, output, query_start_loc, num_decodes, num_seqs)
+        query = output
     _prefill_kernel[(num_q_heads, num_q_blocks)](
         query,
         output,
@@ -796,11 +798,10 @@ def _launch_prefill(
         V_SCALE_OFFSET_F32=offsets.v_scale // 4,
         DOT_DTYPE=_DOT_DTYPES[query.dtype],
         UPCAST_DOT=interpreting(),
-        ROTATE=rotate,
-        LOG2_HEAD_DIM=log2_exact(head_dim),
-        ROTATION_NORM=normalizer(head_dim),
         **config.launch_kwargs(),
     )
+    if rotate:
+        rotate_token_rows(output, output, query_start_loc, num_decodes, num_seqs)
 
 
 @dataclass(frozen=True)

@@ -67,3 +67,93 @@ def hadamard_reference(x: torch.Tensor) -> torch.Tensor:
 def hadamard_matrix(head_dim: int, device=None, dtype=torch.float32) -> torch.Tensor:
     """The same rotation as a ``[D, D]`` matrix (symmetric: ``x @ H`` rotates rows of ``x``)."""
     return hadamard_reference(torch.eye(head_dim, dtype=torch.float32)).to(device=device, dtype=dtype)
+
+
+# Rows of ``[BLOCK_ROWS, head_dim]`` one program of the pre/post rotation kernel rotates: a
+# 16 KB fp32 tile at D=256, enough bytes in flight for a memory-bound pass.
+ROTATE_TILE_ELEMENTS = 4096
+ROTATE_NUM_WARPS = 4
+
+
+@triton.jit
+def _rotate_token_rows_kernel(
+    src_ptr,
+    dst_ptr,
+    query_start_loc_ptr,
+    first_seq,
+    last_seq,
+    stride_src_token,
+    stride_src_head,
+    stride_src_dim,
+    stride_dst_token,
+    stride_dst_head,
+    stride_dst_dim,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    LOG2_HEAD_DIM: tl.constexpr,
+    NORM: tl.constexpr,
+):
+    # The token range is read on the device: the launch needs no host copy of the metadata.
+    start = tl.load(query_start_loc_ptr + first_seq)
+    end = tl.load(query_start_loc_ptr + last_seq)
+    first_row = tl.program_id(0) * BLOCK_ROWS
+    if start + first_row // NUM_HEADS >= end:
+        return
+    rows = first_row + tl.arange(0, BLOCK_ROWS)  # (token, head) pairs
+    tokens = start.to(tl.int64) + rows // NUM_HEADS
+    heads = rows % NUM_HEADS
+    valid = tokens < end
+    dims = tl.arange(0, HEAD_DIM)
+    x = tl.load(
+        src_ptr + tokens[:, None] * stride_src_token + heads[:, None] * stride_src_head + dims[None, :] * stride_src_dim,
+        mask=valid[:, None],
+        other=0.0,
+    )
+    x = hadamard_rows(x.to(tl.float32), BLOCK_ROWS, HEAD_DIM, LOG2_HEAD_DIM, NORM)
+    tl.store(
+        dst_ptr + tokens[:, None] * stride_dst_token + heads[:, None] * stride_dst_head + dims[None, :] * stride_dst_dim,
+        x.to(dst_ptr.dtype.element_ty),
+        mask=valid[:, None],
+    )
+
+
+def rotate_token_rows(
+    src: torch.Tensor, dst: torch.Tensor, query_start_loc: torch.Tensor, first_seq: int, last_seq: int
+) -> None:
+    """``dst[t, h] = H src[t, h]`` (fp32 math, one rounding to ``dst``'s dtype) for the tokens
+    ``query_start_loc[first_seq] <= t < query_start_loc[last_seq]``; other rows stay untouched.
+
+    ``src`` and ``dst`` are ``[T, heads, D]`` of the same shape (any strides) and may be the same
+    tensor: each program reads and writes only its own rows. The first ``first_seq`` sequences
+    must have one token each (the decodes of :func:`int8_paged_attention.paged_attention_int8`):
+    the grid covers ``T - first_seq`` tokens, and the bounds are read on the device, so the launch
+    allocates nothing and never synchronizes (CUDA-graph safe).
+    """
+    num_tokens, num_heads, head_dim = src.shape
+    if dst.shape != src.shape:
+        raise ValueError(f"rotate_token_rows: dst {tuple(dst.shape)} != src {tuple(src.shape)}")
+    max_rows = max(num_tokens - first_seq, 0) * num_heads
+    if max_rows == 0:
+        return
+    block_rows = max(1, ROTATE_TILE_ELEMENTS // head_dim)
+    _rotate_token_rows_kernel[(triton.cdiv(max_rows, block_rows),)](
+        src,
+        dst,
+        query_start_loc,
+        first_seq,
+        last_seq,
+        src.stride(0),
+        src.stride(1),
+        src.stride(2),
+        dst.stride(0),
+        dst.stride(1),
+        dst.stride(2),
+        NUM_HEADS=num_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_ROWS=block_rows,
+        LOG2_HEAD_DIM=log2_exact(head_dim),
+        NORM=normalizer(head_dim),
+        num_warps=ROTATE_NUM_WARPS,
+        num_stages=1,
+    )

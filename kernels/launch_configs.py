@@ -97,18 +97,13 @@ class ArchLaunchConfigs:
     decode_splits: DecodeSplitPolicy = field(default_factory=DecodeSplitPolicy)
     # Multiprocessor count to assume when the device cannot be asked (the CPU interpreter).
     default_sm_count: int = 8
-    # Prefill entries that replace ``prefill`` under GOVINDA_KV_ROTATION (rotating q and o inside
-    # the kernel costs registers and LDS); a head_dim not listed uses ``prefill``.
-    rotated_prefill: Mapping[int, KernelConfig] = field(default_factory=dict)
     # Which kernel runs prefills (govinda_patch/prefill_kernel.py, GOVINDA_PREFILL_KERNEL=auto):
     # "triton" (ours) or "fa3" (gather-dequantize to bf16 + vLLM's FlashAttention-3).
     prefill_kernel: str = "triton"
     # The gather-dequantize kernel (kernels/int8_kv_gather.py): block_n KV tokens per program.
     gather: KernelConfig = field(default_factory=lambda: KernelConfig(block_n=32, num_warps=4))
 
-    def prefill_config(self, head_dim: int, rotated: bool = False) -> KernelConfig:
-        if rotated and head_dim in self.rotated_prefill:
-            return self.rotated_prefill[head_dim]
+    def prefill_config(self, head_dim: int) -> KernelConfig:
         return _by_head_dim(self.prefill, head_dim)
 
     def decode_config(self, head_dim: int) -> KernelConfig:
@@ -203,9 +198,6 @@ ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = {
         store=KernelConfig(num_warps=1, num_stages=1),
         decode_splits=DecodeSplitPolicy(programs_per_sm=4, max_splits=256, min_tiles_per_split=1),
         default_sm_count=64,
-        # The rotated D=256 prefill at 128x16 spills and needs 128 KiB of LDS on gfx90a; 64x16
-        # with 8 warps is scratch-free at 64 KiB, 2 waves/SIMD (the gate's CI subset compiles it).
-        rotated_prefill={256: KernelConfig(block_m=64, block_n=16, num_warps=8, num_stages=1)},
     ),
     "rocm_default": ArchLaunchConfigs(
         key="rocm_default",

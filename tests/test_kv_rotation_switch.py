@@ -56,13 +56,20 @@ def test_smollm2_rotation_sides_file():
         "overlay_off", "overlay_rotated", "overlay_unrotated", "triton_bf16", "upstream_int8"
     ]
     assert rotation.baseline_name() == "overlay_off"
-    assert rotation.server_args == agreement.server_args + ["--enforce-eager"]
+    # All five at once on one GPU, each with a fixed KV cache (no memory profiling next to the others).
+    assert rotation.parallel and {s.env["CUDA_VISIBLE_DEVICES"] for s in rotation.sides} == {"0"}
+    assert len({ab.side_port(rotation, s) for s in rotation.sides}) == 5
+    assert rotation.server_args == agreement.server_args + [
+        "--enforce-eager", "--gpu-memory-utilization", "0.15", "--kv-cache-memory-bytes", "1073741824"
+    ]
     assert (rotation.model, rotation.env) == (agreement.model, agreement.env)
     assert rotation.bench["teacher_forced_texts"] == agreement.bench["teacher_forced_texts"]
     for side, value in ((rotation.sides[1], "hadamard"), (rotation.sides[2], "none")):
-        assert side.env == {"GOVINDA_DISABLE": "0", "GOVINDA_KV_ROTATION": value}
+        assert side.env == {"GOVINDA_DISABLE": "0", "GOVINDA_KV_ROTATION": value, "CUDA_VISIBLE_DEVICES": "0"}
         patterns = {p.name: p for p in side.log_patterns}
         assert patterns["govinda_rotation"].regex == f"kv_rotation={value}" and patterns["govinda_rotation"].min == 1
     by_name = {s.name: s for s in agreement.sides}
     for side in rotation.sides[3:]:
-        assert (side.env, side.server_args) == (by_name[side.name].env, by_name[side.name].server_args)
+        assert ({**side.env, "CUDA_VISIBLE_DEVICES": None}, side.server_args) == (
+            {**by_name[side.name].env, "CUDA_VISIBLE_DEVICES": None}, by_name[side.name].server_args
+        )

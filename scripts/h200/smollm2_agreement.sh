@@ -11,7 +11,7 @@
 #   call 4:    no carry:                        . scripts/h200/env.sh && sh scripts/h200/smollm2_agreement.sh stock
 #   fp16 pair (ab_smollm2_agreement_fp16.yaml): "stash .gguf_3 fp16" as call 3 instead, or "fp16"
 #   on a machine that already holds /tmp/smollm2-hf.
-#   KV rotation (ab_smollm2_rotation.yaml, five eager sides in one call): "stash .gguf_3 rotation"
+#   KV rotation (ab_smollm2_rotation.yaml, five eager sides at once on the GPU): "stash .gguf_3 rotation"
 #   as call 3, or "rotation" on a machine that already holds /tmp/smollm2-hf.
 #   "split BYTES" sets the first part's size (default 8 MB): whatever else call 1 carries (a copy
 #   of a helper's checkout, say) leaves less room beside the bundle.

@@ -84,3 +84,33 @@ def test_rotated_store_is_bit_exact_against_rotate_then_quantize(dtype, head_dim
     rotated_error = (kv_rotation.hadamard_reference(rotated_k[positions[rows]]) - truth).norm()
     plain_error = (plain_k[positions[rows]] - truth).norm()
     assert rotated_error < 0.5 * plain_error
+
+
+@pytest.mark.parametrize(("head_dim", "dtype"), [(64, torch.bfloat16), (128, torch.float16), (256, torch.bfloat16)], ids=lambda v: str(v))
+def test_token_row_pass_rotates_only_the_prefill_rows(head_dim, dtype):
+    """The rotated prefill's pre/post pass: tokens query_start_loc[first]..query_start_loc[last]
+    rotated (fp32, one rounding), from a strided view or in place; every other row untouched.
+    fp16 is bit-exact; the CPU interpreter casts fp32 to bf16 by truncation (the GPU rounds to
+    nearest), so bf16 rows are checked to within one unit in the last place of the fp32 result."""
+    generator = torch.Generator().manual_seed(head_dim)
+    num_tokens, num_heads = 19, 3
+    fused = (torch.randn(num_tokens, num_heads, head_dim + 8, generator=generator) * 4).to(dtype)
+    src = fused[:, :, :head_dim]  # strided, as vLLM's query views are
+    query_start_loc = torch.tensor([0, 1, 2, 9, 16], dtype=torch.int32)  # 2 decodes, then 2 prefills
+    first, last = 2, 4  # rows 2..15; rows 16..18 are outside every sequence
+    exact = kv_rotation.hadamard_reference(src[2:16])
+
+    def assert_rounded(rows):
+        if dtype == torch.float16:
+            assert torch.equal(rows, exact.to(dtype))
+        else:
+            assert ((rows.float() - exact).abs() <= 2.0**-7 * exact.abs()).all()
+
+    dst = torch.full((num_tokens, num_heads, head_dim), 7.0, dtype=dtype)
+    kv_rotation.rotate_token_rows(src, dst, query_start_loc, first, last)
+    assert_rounded(dst[2:16])
+    assert (dst[:2] == 7.0).all() and (dst[16:] == 7.0).all()
+    in_place = src.clone()
+    kv_rotation.rotate_token_rows(in_place, in_place, query_start_loc, first, last)
+    assert_rounded(in_place[2:16])
+    assert torch.equal(in_place[:2], src[:2]) and torch.equal(in_place[16:], src[16:])
