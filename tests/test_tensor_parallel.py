@@ -12,9 +12,15 @@ initialisation (no GPU here).
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from overlay_testing import REPO, child_env, run_child
+
+if str(REPO) not in sys.path:  # bench/ is a package of the repo root
+    sys.path.insert(0, str(REPO))
+from bench import ab  # noqa: E402
 
 QWEN35 = REPO / "tests" / "models" / "qwen3_5-27b-shape"
 # Llama-3-8B attention shape (dense, 8 KV heads); two layers are enough for the configuration.
@@ -44,11 +50,11 @@ dense_dir = tempfile.mkdtemp()
 json.dump({DENSE!r}, open(os.path.join(dense_dir, "config.json"), "w"))
 models = {{"qwen35": dict(model={str(QWEN35)!r}, max_model_len=32768, language_model_only=True),
           "dense": dict(model=dense_dir, max_model_len=8192)}}
-launch_lines = []
-logging.getLogger("govinda").addHandler(type("Grab", (logging.Handler,), {{
-    "emit": lambda self, r: launch_lines.append(r.getMessage()) if "launch configs for" in r.getMessage() else None}})())
+records = []
+logging.getLogger("govinda").addHandler(type("Grab", (logging.Handler,), {{"emit": lambda self, r: records.append(r)}})())
 
 def one_rank(name, tp):
+    first_record = len(records)
     cfg = EngineArgs(load_format="dummy", skip_tokenizer_init=True, tensor_parallel_size=tp,
                      **models[name]).create_engine_config()
     mc, pc, cache = cfg.model_config, cfg.parallel_config, cfg.cache_config
@@ -82,15 +88,26 @@ def one_rank(name, tp):
         "impl": type(layer.impl).__name__, "spec_dtype": str(spec.dtype), "spec_block": spec.block_size,
         "spec_page": spec.page_size_bytes, "mamba_page_padded": cache.mamba_page_size_padded,
         "unified_block": unified.block_size, "unified_pages": sorted({{g.kv_cache_spec.page_size_bytes for g in groups}}),
-        "workspace_q_heads": builder.workspace.num_q_heads, "launch": launch_lines[-1],
-    }}
+        "workspace_q_heads": builder.workspace.num_q_heads,
+        "launch": [r.getMessage() for r in records if "launch configs for" in r.getMessage()][-1],
+    }}, records[first_record:]
 
 ranks, configs = [], {{}}
 for name in models:
     for tp in {TP_SIZES!r}:
-        cfg, result = one_rank(name, tp)
+        cfg, result, rank_records = one_rank(name, tp)
         ranks.append(dict(result, model=name))
         configs[(name, tp)] = cfg
+        if (name, tp) == ("qwen35", 2):
+            # What each TP=2 rank's stderr shows: our lines, with vLLM's per-worker log prefix.
+            import io
+            from vllm.utils.system_utils import _add_prefix
+            ours = next(h for h in logging.getLogger("govinda").handlers if getattr(h, "_govinda", False))
+            worker_log = io.StringIO()
+            for tp_rank in range(2):
+                _add_prefix(worker_log, f"Worker_TP{{tp_rank}}", os.getpid())
+                for record in rank_records:
+                    worker_log.write(ours.format(record) + chr(10))
 
 # Two workers of the TP=2 Qwen3.5 engine, started by vLLM's own executor code.
 from vllm.utils.network_utils import get_distributed_init_method, get_open_port
@@ -109,7 +126,7 @@ for handle in handles:
     handle.proc.join(120)
 report({{"ranks": ranks, "parent_pid": os.getpid(), "worker_pids": [h.proc.pid for h in handles],
         "worker_exitcodes": [h.proc.exitcode for h in handles], "workers_ready": ready,
-        "start_method": get_mp_context().get_start_method()}})
+        "start_method": get_mp_context().get_start_method(), "tp2_worker_log": worker_log.getvalue()}})
 """
 
 
@@ -175,3 +192,26 @@ def test_workers_started_like_vllm_each_log_the_overlay_status(tp_run):
         assert len(status) == 1, (pid, lines)
         assert "int8_backend_registration=applied" in status[0] and "platform=rocm" in status[0], status
     assert len(set(r["worker_pids"]) | {r["parent_pid"]}) == 3
+
+
+def test_tp2_sides_file_counts_both_ranks(tp_run, tmp_path):
+    """scripts/h200/ab_qwen35_64layer_tp2.yaml: every side at TP=2, and its per-rank patterns
+    match the lines our builder logs for a TP=2 rank, as vLLM prefixes a worker's output."""
+    path = REPO / "scripts" / "h200" / "ab_qwen35_64layer_tp2.yaml"
+    config = ab.build_config(ab.build_arg_parser().parse_args(["--sides", str(path)]))
+    assert [s.name for s in config.sides] == ["triton_bf16", "govinda", "fa3_bf16"] and config.baseline_name() == "triton_bf16"
+    assert config.bench["input_lens"] == [6144, 12288, 24576]
+    for side in config.sides:
+        args = config.server_args + side.server_args
+        assert args[args.index("--tensor-parallel-size") + 1] == "2"
+    govinda = config.sides[1]
+    log = tmp_path / "workers.log"
+    log.write_text(tp_run.result["tp2_worker_log"])
+    counts = ab.count_log_patterns(log, [p for p in govinda.log_patterns if p.name.startswith("rank")])
+    assert len(counts) == 4 and all(c["ok"] for c in counts.values()), counts
+    # A rank's lines never count for the other rank.
+    log.write_text("".join(l for l in tp_run.result["tp2_worker_log"].splitlines(True) if "Worker_TP0" in l))
+    counts = ab.count_log_patterns(log, [p for p in govinda.log_patterns if p.name.startswith("rank1")])
+    assert not any(c["ok"] for c in counts.values()), counts
+    (status,) = [p for p in govinda.log_patterns if p.name == "govinda_status"]
+    assert status.min == 4  # API server, engine core, two workers
