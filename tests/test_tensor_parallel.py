@@ -100,12 +100,13 @@ for name in models:
         configs[(name, tp)] = cfg
         if (name, tp) == ("qwen35", 2):
             # What each TP=2 rank's stderr shows: our lines, with vLLM's per-worker log prefix.
+            # vLLM >= 0.33 tags only its own log records, not the streams: no prefix to check.
             import io
-            from vllm.utils.system_utils import _add_prefix
+            import vllm.utils.system_utils as system_utils
             ours = next(h for h in logging.getLogger("govinda").handlers if getattr(h, "_govinda", False))
-            worker_log = io.StringIO()
-            for tp_rank in range(2):
-                _add_prefix(worker_log, f"Worker_TP{{tp_rank}}", os.getpid())
+            worker_log = io.StringIO() if hasattr(system_utils, "_add_prefix") else None
+            for tp_rank in range(2 if worker_log else 0):
+                system_utils._add_prefix(worker_log, f"Worker_TP{{tp_rank}}", os.getpid())
                 for record in rank_records:
                     worker_log.write(ours.format(record) + chr(10))
 
@@ -126,7 +127,7 @@ for handle in handles:
     handle.proc.join(120)
 report({{"ranks": ranks, "parent_pid": os.getpid(), "worker_pids": [h.proc.pid for h in handles],
         "worker_exitcodes": [h.proc.exitcode for h in handles], "workers_ready": ready,
-        "start_method": get_mp_context().get_start_method(), "tp2_worker_log": worker_log.getvalue()}})
+        "start_method": get_mp_context().get_start_method(), "tp2_worker_log": worker_log and worker_log.getvalue()}})
 """
 
 
@@ -205,6 +206,10 @@ def test_tp2_sides_file_counts_both_ranks(tp_run, tmp_path):
         args = config.server_args + side.server_args
         assert args[args.index("--tensor-parallel-size") + 1] == "2"
     govinda = config.sides[1]
+    (status,) = [p for p in govinda.log_patterns if p.name == "govinda_status"]
+    assert status.min == 4  # API server, engine core, two workers
+    if tp_run.result["tp2_worker_log"] is None:
+        pytest.skip("this vLLM does not prefix worker output (the sides file is for the H200's 0.26)")
     log = tmp_path / "workers.log"
     log.write_text(tp_run.result["tp2_worker_log"])
     counts = ab.count_log_patterns(log, [p for p in govinda.log_patterns if p.name.startswith("rank")])
@@ -213,5 +218,3 @@ def test_tp2_sides_file_counts_both_ranks(tp_run, tmp_path):
     log.write_text("".join(l for l in tp_run.result["tp2_worker_log"].splitlines(True) if "Worker_TP0" in l))
     counts = ab.count_log_patterns(log, [p for p in govinda.log_patterns if p.name.startswith("rank1")])
     assert not any(c["ok"] for c in counts.values()), counts
-    (status,) = [p for p in govinda.log_patterns if p.name == "govinda_status"]
-    assert status.min == 4  # API server, engine core, two workers
