@@ -37,6 +37,16 @@ the store/decode/prefill kernels, what ships) and ``ours_rotpp_bs1552`` (unrotat
 the rotation as torch matmuls before and after: the alternative design), at decode 4K/32K,
 prefill 6K/24K and store 1/2048 tokens; ratios are ``time_ratios[mode]["<name>_over_unrotated"]``.
 
+``--fa3`` compares against FlashAttention-3 instead (issue #15): ``fa3_bf16_bs<B>`` (vLLM's shipped
+FA3, ``vllm.vllm_flash_attn.flash_attn_varlen_func(..., fa_version=3)``, on a paged bf16 cache with
+vLLM's block size for the geometry), ``ours_bs<B>`` (our INT8 kernels, Triton prefill) and
+``ours_fa3_bs<B>`` (prefill = gather-dequantize the INT8 pages + FA3, what ``GOVINDA_PREFILL_KERNEL=fa3``
+runs; decode is the same INT8 kernel, so it is timed on prefill only); every contender's output is
+compared with fp32 attention on the original (unquantized) K/V, on up to 64 query rows per step.
+``--geometry`` picks the layer: ``qwen35`` (24 q / 4 kv heads, D=256, block 1552 ours / 800 bf16)
+or ``dense128`` (a Llama-8B layer: 32 q / 8 kv heads, D=128, block 16). Ratios are
+``time_ratios[mode]["<name>_over_fa3"]``.
+
 Run from the repository root (H200)::
 
     PYTHONPATH=$PWD:/tmp/site python3 bench/kernel_bench.py --out reports/kernel_bench_h200.json
@@ -117,6 +127,9 @@ class Geometry:
 
 
 QWEN35_27B = Geometry(num_q_heads=24, num_kv_heads=4, head_dim=256)
+DENSE_D128 = Geometry(num_q_heads=32, num_kv_heads=8, head_dim=128)  # a Llama-8B layer
+# --fa3 --geometry: (geometry, our INT8 block size, vLLM's bf16 block size) as vLLM picks them.
+FA3_GEOMETRIES = {"qwen35": (QWEN35_27B, 1552, 800), "dense128": (DENSE_D128, 16, 16)}
 # Smoke: same GQA ratio (6) with two KV heads so head indexing is exercised, tiny head_dim.
 # float16 because Triton 3.6's interpreter gets bf16 tl.dot wrong (garbage, not rounding error),
 # which would make every attention kernel's CPU output meaningless.
@@ -190,6 +203,12 @@ def make_config(args: argparse.Namespace) -> BenchConfig:
             rep_ms=40.0,
             prefill_rep_ms=30.0,
         )
+    if getattr(args, "fa3", False):
+        config.ours_small_block_size = None
+        if not args.smoke:
+            config.geometry, config.ours_block_size, config.bf16_block_size = FA3_GEOMETRIES[args.geometry]
+            config.decode_cases = [(1, 4096), (1, 16384), (1, 32768), (8, 8192)]
+            config.prefill_totals = [6144, 12288, 24576]
     if getattr(args, "rotation", False) and not args.smoke:
         config.ours_small_block_size = None
         config.decode_cases = [(1, 4096), (1, 32768)]
@@ -225,6 +244,7 @@ def load_our_kernels() -> SimpleNamespace:
         store_kv_int8=store.store_kv_int8,
         paged_attention_int8=attention.paged_attention_int8,
         DecodeWorkspace=attention.DecodeWorkspace,
+        GatheredPrefill=getattr(attention, "GatheredPrefill", None),
         # Optional helper (not part of the API contract): the split count a decode batch gets.
         decode_splits_for=getattr(attention, "decode_splits_for", None),
         arch_key=arch_key,
@@ -557,6 +577,7 @@ class OursContender:
             workspace=self.workspace,
             configs=self.configs,
             rotation=self.kernel_rotation,
+            gathered_prefill=getattr(step, "gathered_prefill", None),
         )
 
     def dequantized_kv(self, layout: PagedLayout, seq_index: int, seq_len: int):
@@ -735,10 +756,112 @@ def _vllm_stride_order(backend, ndim: int) -> Tuple[Tuple[int, ...], str]:
             return tuple(range(ndim)), f"identity ({first_error!r}; {second_error!r})"
 
 
-def build_contenders(ctx: "Context", include_small: bool = True) -> List[Tuple[str, Any, Optional[str]]]:
+class Fa3Contender:
+    """vLLM's FlashAttention-3 on a paged bf16 cache ``[num_blocks, block_size, Hkv, D]`` (K and V
+    apart, as vLLM's FLASH_ATTN backend allocates them), one varlen call per step."""
+
+    def __init__(self, fa, geometry: Geometry, block_size: int, device):
+        self.fa = fa
+        self.geometry = geometry
+        self.block_size = block_size
+        self.device = device
+        self.name = f"fa3_bf16_bs{block_size}"
+        self.kv_bytes_per_token = 2 * geometry.num_kv_heads * geometry.head_dim * 2
+        self.key_cache = self.value_cache = None
+
+    def allocate(self, layout: PagedLayout) -> None:
+        import torch
+
+        g = self.geometry
+        shape = (layout.num_blocks, self.block_size, g.num_kv_heads, g.head_dim)
+        self.key_cache = torch.zeros(shape, dtype=g.torch_dtype, device=self.device)
+        self.value_cache = torch.zeros_like(self.key_cache)
+        self.block_table = layout.block_table
+
+    def release(self) -> None:
+        self.key_cache = self.value_cache = None
+
+    def store(self, key, value, slot_mapping) -> None:
+        g = self.geometry
+        self.key_cache.view(-1, g.num_kv_heads, g.head_dim)[slot_mapping] = key
+        self.value_cache.view(-1, g.num_kv_heads, g.head_dim)[slot_mapping] = value
+
+    def prepare_step(self, step: Step) -> Step:
+        return step
+
+    def attention(self, query, output, step: Step) -> None:
+        self.fa.flash_attn_varlen_func(
+            query, self.key_cache, self.value_cache,
+            max_seqlen_q=step.max_query_len, cu_seqlens_q=step.query_start_loc,
+            max_seqlen_k=step.max_seq_len, seqused_k=step.seq_lens_tensor, block_table=self.block_table,
+            softmax_scale=self.geometry.softmax_scale, causal=True, out=output, fa_version=3,
+        )
+
+    def dequantized_kv(self, layout: PagedLayout, seq_index: int, seq_len: int):
+        import torch
+
+        positions = torch.arange(seq_len, device=self.device)
+        blocks = layout.block_table[seq_index].long()[positions // self.block_size]
+        offsets = positions % self.block_size
+        return self.key_cache[blocks, offsets].float(), self.value_cache[blocks, offsets].float()
+
+
+class OursFa3Contender(OursContender):
+    """Our INT8 cache with the prefill on gather-dequantize + FA3 (``GOVINDA_PREFILL_KERNEL=fa3``);
+    the host sizes come from the step's lists, as the metadata builder takes them from its CPU copies."""
+
+    def __init__(self, kernels: SimpleNamespace, geometry: Geometry, block_size: int, device, varlen):
+        super().__init__(kernels, geometry, block_size, device)
+        self.name = f"ours_fa3_bs{block_size}"
+        self.varlen = varlen
+
+    def prepare_step(self, step: Step) -> Step:
+        import torch
+
+        step = dataclasses.replace(super().prepare_step(step))
+        lens, query_lens = step.seq_lens[step.num_decodes :], step.query_lens[step.num_decodes :]
+        if lens:
+            cu, cu_q = [0], [0]
+            for length, query_len in zip(lens, query_lens):
+                cu.append(cu[-1] + length)
+                cu_q.append(cu_q[-1] + query_len)
+            step.gathered_prefill = self.kernels.GatheredPrefill(
+                varlen_attention=self.varlen,
+                cu_seqlens_k=torch.tensor(cu, dtype=torch.int32, device=self.device),
+                cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32, device=self.device),
+                total_k=cu[-1], max_seqlen_k=max(lens), max_seqlen_q=max(query_lens),
+                num_prefill_tokens=sum(query_lens),
+            )
+        return step
+
+
+def build_fa3_contenders(ctx: "Context", prefill: bool) -> List[Tuple[str, Any, Optional[str]]]:
+    """--fa3: FA3 bf16 (the baseline, first), ours, and ours with the FA3 prefill (prefill cases)."""
+    config, geometry, device = ctx.config, ctx.config.geometry, ctx.device
+    fa3_name = f"fa3_bf16_bs{config.bf16_block_size}"
+    ours_name, ours_fa3_name = f"ours_bs{config.ours_block_size}", f"ours_fa3_bs{config.ours_block_size}"
+    fa, why_not = (None, "FA3 needs an NVIDIA GPU (smoke run on the CPU)") if ctx.smoke else ctx.fa3
+    result: List[Tuple[str, Any, Optional[str]]] = [
+        (fa3_name, Fa3Contender(fa, geometry, config.bf16_block_size, device) if fa else None, why_not)
+    ]
+    if ctx.ours is None:
+        return result + [(ours_name, None, f"our kernels not importable: {ctx.ours_error}")]
+    result.append((ours_name, OursContender(ctx.ours, geometry, config.ours_block_size, device), None))
+    if prefill:
+        varlen = ctx.fa3_varlen if fa else None
+        contender = OursFa3Contender(ctx.ours, geometry, config.ours_block_size, device, varlen) if varlen else None
+        result.append((ours_fa3_name, contender, None if contender else why_not))
+    return result
+
+
+def build_contenders(
+    ctx: "Context", include_small: bool = True, prefill: bool = False
+) -> List[Tuple[str, Any, Optional[str]]]:
     """``(name, contender or None, reason when unavailable)``; the bf16 baseline comes first."""
     config, geometry, device = ctx.config, ctx.config.geometry, ctx.device
     result: List[Tuple[str, Any, Optional[str]]] = []
+    if getattr(ctx.args, "fa3", False):
+        return build_fa3_contenders(ctx, prefill)
     if getattr(ctx.args, "rotation", False):
         for rotation in ("none", "hadamard", "prepost"):
             name = f"{OursContender.PREFIXES[rotation]}_bs{config.ours_block_size}"
@@ -846,8 +969,13 @@ class Timer:
         per_call_us = 1e3 * start.elapsed_time(end) / calls
         return {"median_us": per_call_us, "host_launch_us_per_call": host_us, "calls": calls}
 
+    # Back-to-back calls of the loop mode (fewer for long prefills, --fa3).
+    loop_calls = 200
+
     def measure(self, mode: str, fn: Callable[[], None], rep_ms: float) -> Dict[str, Any]:
-        return {"graph": self.graph, "eager": self.eager, "loop": self.loop}[mode](fn, rep_ms)
+        if mode == "loop":
+            return self.loop(fn, rep_ms, calls=self.loop_calls)
+        return {"graph": self.graph, "eager": self.eager}[mode](fn, rep_ms)
 
     def graph(self, fn: Callable[[], None], rep_ms: float) -> Dict[str, Any]:
         if self.smoke:
@@ -900,6 +1028,11 @@ class Context:
             self.vllm_error = None
         except Exception as error:
             self.vllm, self.vllm_error = None, f"{type(error).__name__}: {error}"
+        self.fa3, self.fa3_varlen = (None, "not asked for (--fa3)"), None
+        if getattr(args, "fa3", False) and not args.smoke:
+            from govinda_patch.prefill_kernel import fa3_interface, fa3_varlen
+
+            self.fa3, (self.fa3_varlen, _) = fa3_interface(), fa3_varlen()
 
     def generator(self, salt: int):
         import torch
@@ -1044,6 +1177,7 @@ def run_attention_case(
     rep_ms: float,
     salt: int,
     include_small: bool = True,
+    prefill: bool = False,
 ) -> Dict[str, Any]:
     """Fill each contender's cache with the same K/V, then time each step's attention call."""
     import torch
@@ -1065,12 +1199,14 @@ def run_attention_case(
     }
     outputs_per_step: List[Dict[str, Any]] = [dict() for _ in steps]
     baseline = None
-    for name, contender, reason in build_contenders(ctx, include_small):
+    fa3_mode = getattr(ctx.args, "fa3", False)
+    references: Dict[int, Any] = {}  # step -> (sampled rows, fp32 attention on the original K/V)
+    for name, contender, reason in build_contenders(ctx, include_small, prefill):
         if contender is None:
             case["contenders"][name] = {"status": "skipped", "reason": reason}
             log(f"  {case_name} {name}: skipped ({reason})")
             continue
-        if baseline is None and (name.startswith("vllm_bf16") or getattr(ctx.args, "rotation", False)):
+        if baseline is None and (name.startswith(("vllm_bf16", "fa3_bf16")) or getattr(ctx.args, "rotation", False)):
             baseline = name  # rotation mode: the unrotated INT8 kernels
         record: Dict[str, Any] = {"status": "ok", "kv_bytes_per_token": contender.kv_bytes_per_token}
         try:
@@ -1102,7 +1238,7 @@ def run_attention_case(
                 if isinstance(contender, VllmTritonContender):
                     uses_3d = step.max_query_len == 1 and len(step.seq_lens) <= contender.seq_threshold_3d
                     step_record["vllm_kernel_path"] = "3D split-softmax + reduce_segments" if uses_3d else "2D"
-                elif step.num_decodes and ctx.ours.decode_splits_for is not None:
+                elif isinstance(contender, OursContender) and step.num_decodes and ctx.ours.decode_splits_for is not None:
                     step_record["ours_decode_splits"] = ctx.ours.decode_splits_for(
                         step.num_decodes, geometry.num_kv_heads, ctx.device
                     )
@@ -1123,6 +1259,15 @@ def run_attention_case(
                 outputs_per_step[index][name] = output
                 diff = _compare(outputs_per_step[index], name, baseline) if baseline else None
                 step_record["max_abs_diff_vs_bf16"] = diff
+                if fa3_mode:
+                    if index not in references:
+                        references[index] = fp32_reference_rows(
+                            query[first_row : first_row + rows], key, value, seq_offsets, step, geometry
+                        )
+                    sampled, reference = references[index]
+                    step_record["max_abs_err_vs_fp32_original"] = float(
+                        (output[sampled].float() - reference).abs().max()
+                    )
                 step_records.append(step_record)
             record["steps"] = step_records
             for mode in timing_modes:
@@ -1146,13 +1291,42 @@ def run_attention_case(
     return case
 
 
+def fp32_reference_rows(query, key, value, seq_offsets, step: Step, geometry: Geometry, per_seq: int = 64):
+    """fp32 causal attention on the original K/V for up to ``per_seq`` query rows per sequence of
+    ``step`` (its first and last rows: the shortest and the longest contexts); ``(rows, out)``."""
+    import torch
+
+    rows, outputs, start = [], [], 0
+    for seq, (query_len, seq_len) in enumerate(zip(step.query_lens, step.seq_lens)):
+        picked = sorted(set(range(min(per_seq // 2, query_len))) | set(range(max(0, query_len - per_seq // 2), query_len)))
+        base = seq_offsets[seq]
+        k = key[base : base + seq_len].float().repeat_interleave(geometry.group_size, dim=1)
+        v = value[base : base + seq_len].float().repeat_interleave(geometry.group_size, dim=1)
+        index = torch.tensor(picked, device=query.device)
+        q = query[start + index].float()
+        scores = torch.einsum("qhd,khd->hqk", q, k) * geometry.softmax_scale
+        positions = (seq_len - query_len + index)[:, None]
+        scores = scores.masked_fill(torch.arange(seq_len, device=query.device)[None, :] > positions, float("-inf"))
+        outputs.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), v))
+        rows += [start + p for p in picked]
+        start += query_len
+    return torch.tensor(rows, device=query.device), torch.cat(outputs)
+
+
 def add_ratios(ctx: Context, case: Dict[str, Any], modes: Sequence[str]) -> None:
     ours = f"ours_bs{ctx.config.ours_block_size}"
-    if getattr(ctx.args, "rotation", False):
+    # --fa3 / --rotation: each of our variants over one baseline, "<prefix>_over_<label>".
+    if getattr(ctx.args, "fa3", False):
+        baseline, label, prefixes = f"fa3_bf16_bs{ctx.config.bf16_block_size}", "fa3", ("ours", "ours_fa3")
+    elif getattr(ctx.args, "rotation", False):
+        baseline, label, prefixes = ours, "unrotated", ("ours_rot", "ours_rotpp")
+    else:
+        baseline = None
+    if baseline is not None:
         case["time_ratios"] = {
             mode: {
-                f"{prefix}_over_unrotated": _ratio(case["contenders"], f"{prefix}_bs{ctx.config.ours_block_size}", ours, mode)
-                for prefix in ("ours_rot", "ours_rotpp")
+                f"{prefix}_over_{label}": _ratio(case["contenders"], f"{prefix}_bs{ctx.config.ours_block_size}", baseline, mode)
+                for prefix in prefixes
             }
             for mode in modes
         }
@@ -1182,7 +1356,11 @@ def _ratio(contenders: Dict[str, Any], name: str, baseline: str, mode: str) -> O
 
 def section_decode(ctx: Context) -> Dict[str, Any]:
     cases = ctx.start_section("decode")
+    # --fa3: CUDA-graph replays only (how vLLM runs decode); the other modes add nothing to the line.
+    # (A smoke run times nothing and runs no graphs: eager at least calls every contender.)
     modes = ("graph", "eager", "loop")
+    if getattr(ctx.args, "fa3", False):
+        modes = ("eager",) if ctx.smoke else ("graph",)
     for index, (batch, context) in enumerate(ctx.config.decode_cases):
         name = f"decode_b{batch}_ctx{context}"
         skipped = ctx.skip_for_time(name)
@@ -1207,6 +1385,11 @@ def section_decode(ctx: Context) -> Dict[str, Any]:
 
 def section_prefill(ctx: Context) -> Dict[str, Any]:
     cases = ctx.start_section("prefill")
+    modes: Tuple[str, ...] = ("eager",)
+    if getattr(ctx.args, "fa3", False) and not ctx.smoke:
+        # Back-to-back calls too: their host_launch_us_per_call shows where a short chunk is
+        # bound by the host (Python + launches) rather than by the GPU.
+        modes, ctx.timer.loop_calls = ("eager", "loop"), 20
     chunk = ctx.config.prefill_chunk
     for index, total in enumerate(ctx.config.prefill_totals):
         for variant in ("one_shot",) if getattr(ctx.args, "rotation", False) else ("one_shot", "chunked"):
@@ -1222,7 +1405,7 @@ def section_prefill(ctx: Context) -> Dict[str, Any]:
                 else:
                     steps = [([min(chunk, total - s)], [min(s + chunk, total)], s) for s in range(0, total, chunk)]
                 case = run_attention_case(
-                    ctx, name, [total], steps, ("eager",), ctx.config.prefill_rep_ms, salt=200 + index
+                    ctx, name, [total], steps, modes, ctx.config.prefill_rep_ms, salt=200 + index, prefill=True
                 )
                 case.update({"total_tokens": total, "variant": variant, "chunk": chunk if variant == "chunked" else None})
                 case["timing_note"] = (
@@ -1231,13 +1414,13 @@ def section_prefill(ctx: Context) -> Dict[str, Any]:
                     if variant == "chunked"
                     else "eager; one call over all tokens"
                 )
-                add_ratios(ctx, case, ("eager",))
+                add_ratios(ctx, case, modes)
             except Exception as error:
                 case = {"case": name, **error_record(error)}
                 log(f"  {name}: ERROR {case['error']}")
             cases.append(case)
             ctx.checkpoint()
-    return {"status": "ok", "timing_modes": ["eager"], "cases": cases}
+    return {"status": "ok", "timing_modes": list(modes), "cases": cases}
 
 
 def section_store(ctx: Context) -> Dict[str, Any]:
@@ -1417,6 +1600,18 @@ def print_tables(ctx: Context, sections: Dict[str, Any]) -> None:
                         f"{_fmt(entry.get('ns_per_token'), '9.2f')} {_fmt(entry.get('eff_bw_read_write_GBps'), '9.0f')} "
                         f"{_fmt(100 * frac if frac else None, '6.1f')} {_fmt(ratio, '9.2f')}"
                     )
+    if getattr(ctx.args, "fa3", False):
+        lines += ["", "== vs FA3 bf16 (time / FA3 time: < 1 is faster; err = max |out - fp32 attention on the original K/V|) =="]
+        for section in ("decode", "prefill"):
+            for case in (sections.get(section) or {}).get("cases", []):
+                for mode, ratios in case.get("time_ratios", {}).items():
+                    cells = ", ".join(f"{k} {_fmt(v, '.3f')}" for k, v in ratios.items())
+                    errors = ", ".join(
+                        f"{name} {_fmt(max((s.get('max_abs_err_vs_fp32_original') or 0.0) for s in record['steps']), '.2e')}"
+                        for name, record in case.get("contenders", {}).items()
+                        if record.get("status") == "ok"
+                    )
+                    lines.append(f"{case['case']:<28} {mode:<6} {cells}; err {errors}")
     if getattr(ctx.args, "rotation", False):
         lines += ["", "== rotation cost (time / unrotated time; <= 1.03 is the target) =="]
         for section in ("decode", "prefill", "store"):
@@ -1453,6 +1648,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         action="store_true",
         help="our kernels only: unrotated vs Hadamard-rotated (fused) vs rotation as torch pre/post matmuls",
     )
+    parser.add_argument(
+        "--fa3",
+        action="store_true",
+        help="against FlashAttention-3 bf16: ours (Triton prefill), ours with the gather + FA3 prefill, FA3 (issue #15)",
+    )
+    parser.add_argument("--geometry", choices=sorted(FA3_GEOMETRIES), default="qwen35", help="--fa3: the layer's shape")
     parser.add_argument("--rep-ms", type=float, default=None, help="override do_bench's repetition time per measurement")
     parser.add_argument("--warmup-ms", type=float, default=None, help="override do_bench's warm-up time per measurement")
     parser.add_argument(
@@ -1508,7 +1709,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ctx.payload = payload
     write_json(args.out, payload)
     with cpu_capability_shim(args.smoke):
-        for section in [s for s in ALL_SECTIONS if s in sections_wanted]:
+        # --fa3: prefill (the line this mode is for) before decode, so a time budget cuts decode first.
+        order = ("copy", "prefill", "decode", "store") if args.fa3 else ALL_SECTIONS
+        for section in [s for s in order if s in sections_wanted]:
             started = time.time()
             try:
                 result = SECTION_FUNCTIONS[section](ctx)

@@ -70,7 +70,7 @@ class Job:
     arch: str
     case: Case
     variant: Variant
-    kernel: str  # store | decode_split | decode_write | decode_reduce | prefill
+    kernel: str  # store | decode_split | decode_write | decode_reduce | prefill | gather
     config_label: str
     launch: CapturedLaunch
 
@@ -78,7 +78,7 @@ class Job:
 def variants(head_dim: int, *, with_candidates: bool = True) -> list[Variant]:
     lc = import_kernel("launch_configs")
     table = lc.ARCH_TABLES[TABLE_KEY]
-    found = [Variant("table", ("store", "decode", "prefill"), table, "rocm_gfx9")]
+    found = [Variant("table", ("store", "decode", "prefill", "gather"), table, "rocm_gfx9")]
     if not with_candidates:
         return found
     candidates = lc.tuning_candidates(TABLE_KEY, head_dim)
@@ -95,7 +95,12 @@ def _kernel_kind(launch: CapturedLaunch) -> str:
     name = launch.name
     if name == "_decode_split_kernel":
         return "decode_write" if launch.kwargs.get("WRITE_OUTPUT") else "decode_split"
-    return {"_store_kv_int8_kernel": "store", "_decode_reduce_kernel": "decode_reduce", "_prefill_kernel": "prefill"}.get(
+    return {
+        "_store_kv_int8_kernel": "store",
+        "_decode_reduce_kernel": "decode_reduce",
+        "_prefill_kernel": "prefill",
+        "_gather_kv_kernel": "gather",
+    }.get(
         name, name
     )
 
@@ -105,6 +110,8 @@ def _config_label(kind: str, configs, head_dim: int, rotated: bool = False) -> s
         return configs.store.label
     if kind == "decode_reduce":
         return configs.reduce.label
+    if kind == "gather":
+        return configs.gather.label
     if kind == "prefill":
         return configs.prefill_config(head_dim, rotated=rotated).label
     return configs.decode_config(head_dim).label
@@ -117,6 +124,7 @@ def capture_variant(variant: Variant, case: Case) -> list[tuple[str, CapturedLau
     layout = import_kernel("int8_kv_layout")
     store = import_kernel("int8_kv_store")
     attention = import_kernel("int8_paged_attention")
+    gather = import_kernel("int8_kv_gather")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
     num_kv_heads, block_size, head_dim = 2, CAPTURE_BLOCK_SIZE, case.head_dim
     num_q_heads = num_kv_heads * case.group
@@ -150,6 +158,13 @@ def capture_variant(variant: Variant, case: Case) -> list[tuple[str, CapturedLau
             attend(single, [1, 1], [50, 40], 2)  # one split: the decode kernel writes the output
         if "prefill" in variant.kernels:
             attend(configs, [7], [40], 0)
+        if "gather" in variant.kernels:  # INT8 pages -> bf16/fp16 for a vendor varlen prefill kernel
+            kv = torch.zeros(40, num_kv_heads, head_dim, dtype=dtype)
+            gather.gather_kv_int8(
+                cache, block_table[:1], torch.tensor([40], dtype=torch.int32), torch.tensor([0, 40], dtype=torch.int32),
+                kv, torch.zeros_like(kv), block_size=block_size, num_kv_heads=num_kv_heads, max_seqlen_k=40,
+                rotation=case.rotation, block_t=configs.gather.block_n, launch_kwargs=configs.gather.launch_kwargs(),
+            )
     for launch in recorder.launches:
         recorded.append((_kernel_kind(launch), launch))
     return recorded
@@ -391,7 +406,7 @@ def render_markdown(report: dict) -> str:
         "| kernel | D | dtype | GQA | arch | config | VGPR arch+AGPR=total | SGPR | LDS B | scratch B | waves/SIMD (limit) | compiler occ. |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    order = {"store": 0, "decode_split": 1, "decode_write": 2, "decode_reduce": 3, "prefill": 4}
+    order = {"store": 0, "decode_split": 1, "decode_write": 2, "decode_reduce": 3, "prefill": 4, "gather": 5}
 
     def sort_key(row):
         return (order.get(row["kernel"], 9), row["head_dim"], row["dtype"], -row["group"], row["arch"], row["config"])

@@ -31,7 +31,7 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
-from . import counters, tuner
+from . import counters, prefill_kernel, tuner
 from .int8_kv import BACKEND_NAME, SUPPORTED_HEAD_SIZES, model_head_size
 from .kernel_package import import_kernel
 from .settings import kv_rotation
@@ -58,6 +58,26 @@ def as_page_rows(kv_cache: torch.Tensor) -> torch.Tensor:
     return kv_cache.as_strided((kv_cache.shape[0], page), (kv_cache.stride(0), 1))
 
 
+# Largest gathered context (sum of a step's prefill seq_lens) for the transient bf16 K/V buffer:
+# 128K tokens = 512 MiB at 4 KiB per token (4 KV heads x D=256, or 8 x 128); a larger step runs
+# the Triton prefill instead.
+GATHER_TOKEN_CAP = 131072
+
+
+def prefill_seq_lens_cpu(metadata: CommonAttentionMetadata):
+    """CPU seq_lens exact for the prefill rows without a device read, or None.
+
+    vLLM 0.26/0.33 set ``seq_lens_cpu_upper_bound`` (exact for prefill rows, optimistic only for
+    async speculative decodes); 0.18 sets the private ``_seq_lens_cpu`` behind ``seq_lens_cpu``
+    (whose property would copy from the device when it is unset).
+    """
+    for name in ("seq_lens_cpu_upper_bound", "_seq_lens_cpu"):
+        value = getattr(metadata, name, None)
+        if value is not None:
+            return value
+    return None
+
+
 @dataclass
 class GovindaInt8Metadata:
     num_actual_tokens: int
@@ -70,6 +90,7 @@ class GovindaInt8Metadata:
     num_decodes: int
     workspace: object
     launch_configs: object = None  # the builder's (possibly tuned) kernels/launch_configs table
+    gathered_prefill: object = None  # kernels' GatheredPrefill when prefills go to gather + FA3
 
 
 class GovindaInt8MetadataBuilder(AttentionMetadataBuilder[GovindaInt8Metadata]):
@@ -106,6 +127,9 @@ class GovindaInt8MetadataBuilder(AttentionMetadataBuilder[GovindaInt8Metadata]):
         )
         self.launch_configs, description = tuner.launch_configs_for(shape, device)
         logger.info("INT8 attention launch configs for %s: %s", shape.key(), description)
+        self.prefill = prefill_kernel.resolve(self.launch_configs, shape.head_dim, device)
+        self._pin = torch.device(device).type == "cuda"  # cu_seqlens_k goes to the device asynchronously
+        logger.info("INT8 prefill kernel: %s", self.prefill.description)
         # Preallocated split-KV buffers: no allocation in the (CUDA-graph captured) decode path.
         self.workspace = _attention.DecodeWorkspace.allocate(
             vllm_config.scheduler_config.max_num_seqs,
@@ -116,8 +140,39 @@ class GovindaInt8MetadataBuilder(AttentionMetadataBuilder[GovindaInt8Metadata]):
             configs=self.launch_configs,
         )
 
+    def _gathered_prefill(self, metadata: CommonAttentionMetadata, num_decodes: int):
+        """Host-side sizes of the prefills for gather + FA3, from the metadata's CPU copies (no
+        device read); None keeps this step on the Triton prefill."""
+        seq_lens_cpu = prefill_seq_lens_cpu(metadata)
+        num_seqs = metadata.seq_lens.shape[0]
+        if seq_lens_cpu is None or seq_lens_cpu.shape[0] < num_seqs or num_seqs <= num_decodes:
+            return None
+        seq_lens = seq_lens_cpu[num_decodes:num_seqs].to(torch.int64)
+        total_k = int(seq_lens.sum())
+        if total_k <= 0 or total_k > GATHER_TOKEN_CAP:
+            return None
+        starts = metadata.query_start_loc_cpu[num_decodes : num_seqs + 1].to(torch.int64)
+        # One pinned host tensor, one asynchronous copy: [cu_seqlens_k | cu_seqlens_q].
+        host = torch.zeros(2 * (seq_lens.shape[0] + 1), dtype=torch.int32, pin_memory=self._pin)
+        cu_seqlens_k, cu_seqlens_q = host.view(2, -1)
+        torch.cumsum(seq_lens, 0, out=cu_seqlens_k[1:])
+        cu_seqlens_q.copy_(starts - starts[0])
+        device_cu = host.to(self.device, non_blocking=True).view(2, -1)
+        return _attention.GatheredPrefill(
+            varlen_attention=self.prefill.varlen_attention,
+            cu_seqlens_k=device_cu[0],
+            cu_seqlens_q=device_cu[1],
+            total_k=total_k,
+            max_seqlen_k=int(seq_lens.max()),
+            max_seqlen_q=int((starts[1:] - starts[:-1]).max()),
+            num_prefill_tokens=int(starts[-1] - starts[0]),
+        )
+
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata, fast_build: bool = False):
         num_decodes, _, _, _ = split_decodes_and_prefills(common_attn_metadata, decode_threshold=1)
+        gathered = None
+        if self.prefill.varlen_attention is not None:
+            gathered = self._gathered_prefill(common_attn_metadata, num_decodes)
         return GovindaInt8Metadata(
             num_actual_tokens=common_attn_metadata.num_actual_tokens,
             max_query_len=common_attn_metadata.max_query_len,
@@ -129,6 +184,7 @@ class GovindaInt8MetadataBuilder(AttentionMetadataBuilder[GovindaInt8Metadata]):
             num_decodes=num_decodes,
             workspace=self.workspace,
             launch_configs=self.launch_configs,
+            gathered_prefill=gathered,
         )
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata):
@@ -313,10 +369,13 @@ class GovindaInt8AttentionImpl(AttentionImpl):
             workspace=attn_metadata.workspace,
             configs=attn_metadata.launch_configs,
             rotation=self.kv_rotation,
+            gathered_prefill=attn_metadata.gathered_prefill,
         )
         num_seqs = attn_metadata.seq_lens.shape[0]
         if attn_metadata.num_decodes:
             counters.bump("decode_attention_calls")
         if num_seqs > attn_metadata.num_decodes:
             counters.bump("prefill_attention_calls")
+            if attn_metadata.gathered_prefill is not None:
+                counters.bump("prefill_fa3_calls")
         return output

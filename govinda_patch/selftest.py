@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .device_cache import current_device_index, device_key, write_json_atomically
 from .kernel_package import KERNELS_DIR
-from .settings import KV_ROTATIONS, kv_rotation
+from .settings import KV_ROTATIONS, kv_rotation, prefill_kernel
 from .versions import stack_versions
 
 SELFTEST_TIMEOUT_S = 600
@@ -46,6 +46,7 @@ def _cache_key(device: str) -> str:
         os.environ.get("HIP_VISIBLE_DEVICES", ""),
         os.environ.get("TRITON_INTERPRET", ""),
         kv_rotation(),
+        prefill_kernel(),
     ]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
@@ -194,7 +195,48 @@ def _check_kernels(torch, device, rotation: str) -> dict:
     tolerance = 2e-2
     ok = store_exact and max_error <= tolerance and bool(torch.isfinite(output).all())
     problem = "" if ok else f"store_exact={store_exact} attention max_error={max_error:.3g} (tolerance {tolerance})"
-    return {"ok": ok, "store_exact": store_exact, "attention_max_error": max_error, "problem": problem}
+    result = {"ok": ok, "store_exact": store_exact, "attention_max_error": max_error, "problem": problem}
+    # The prefill path a server would take here (gather + FA3 on Hopper), on the same batch.
+    from . import prefill_kernel as prefill_choice
+
+    choice = prefill_choice.resolve(import_kernel("launch_configs").get_launch_configs(device), head_dim, device)
+    result["prefill_kernel"] = choice.name
+    if choice.varlen_attention is not None:
+        gather = import_kernel("int8_kv_gather")
+        prefill_lens = seq_lens[1:]
+        cu_k = torch.tensor([0] + [sum(prefill_lens[: i + 1]) for i in range(len(prefill_lens))], dtype=torch.int32)
+        plan = attention.GatheredPrefill(
+            varlen_attention=choice.varlen_attention, cu_seqlens_k=cu_k.to(device), total_k=sum(prefill_lens),
+            max_seqlen_k=max(prefill_lens), max_seqlen_q=max(query_lens[1:]), num_prefill_tokens=sum(query_lens[1:]),
+        )
+        gathered = torch.zeros_like(query)
+        attention.paged_attention_int8(
+            query, cache, gathered, query_start_loc, seq_lens_t, block_table,
+            block_size=block_size, num_kv_heads=num_kv_heads, softmax_scale=scale,
+            max_query_len=max(query_lens), max_seq_len=max(seq_lens), num_decodes=1, rotation=rotation,
+            gathered_prefill=plan,
+        )
+        keys = torch.empty((plan.total_k, num_kv_heads, head_dim), dtype=dtype, device=device)
+        values = torch.empty_like(keys)
+        gather.gather_kv_int8(
+            cache, block_table[1:], seq_lens_t[1:], plan.cu_seqlens_k, keys, values, block_size=block_size,
+            num_kv_heads=num_kv_heads, max_seqlen_k=plan.max_seqlen_k, rotation=rotation,
+        )
+        ref_k, ref_v = gather.gather_kv_reference(
+            cache.cpu(), block_table[1:].cpu(), prefill_lens, block_size=block_size, num_kv_heads=num_kv_heads,
+            head_dim=head_dim, dtype=dtype, rotation=rotation,
+        )
+        gather_exact = bool(torch.equal(keys.cpu(), ref_k) and torch.equal(values.cpu(), ref_v))
+        # The gathered K/V carry one more bf16 rounding than the reference (see tests/kernels).
+        gathered_error = float((gathered.float() - expected).abs().max())
+        gathered_ok = gather_exact and gathered_error <= 2 * tolerance and bool(torch.isfinite(gathered).all())
+        result.update(gather_exact=gather_exact, gathered_prefill_max_error=gathered_error)
+        if not gathered_ok:
+            result["ok"] = False
+            result["problem"] = (problem + "; " if problem else "") + (
+                f"{choice.name} prefill: gather_exact={gather_exact} max_error={gathered_error:.3g} (tolerance {2 * tolerance})"
+            )
+    return result
 
 
 def main_json(device_index=None) -> int:

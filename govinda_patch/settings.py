@@ -27,6 +27,7 @@ KV_ROTATIONS = ("none", "hadamard")
 # Off by default: the rotation is more accurate at no extra bytes, but costs 6-26% decode and ~90%
 # prefill attention time on the H200 (reports/h200/h200-kv-rotation.md), far over the 3% budget.
 DEFAULT_KV_ROTATION = "none"
+PREFILL_KERNELS = ("auto", "triton", "fa3")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PATCHES_FILE = REPO_ROOT / "patches.yaml"
@@ -97,6 +98,14 @@ GLOBAL_SWITCHES = (
         "quantizing; none stores them as they are. Same bytes and page layout. Every process of a server reads it.",
     ),
     GlobalSwitch(
+        "GOVINDA_PREFILL_KERNEL",
+        " | ".join(PREFILL_KERNELS),
+        "auto",
+        "int8_kv group: the prefill kernel. auto: the launch table's choice (fa3 on Hopper: gather-dequantize the INT8 "
+        "pages to bf16, then vLLM's FlashAttention-3) when FA3 is available, else triton; fa3 that is unavailable runs "
+        "triton with a warning. Decode always runs Govinda's INT8 kernels.",
+    ),
+    GlobalSwitch(
         "GOVINDA_KERNEL_ARCH",
         "cuda_sm90 | cuda_default | rocm_gfx9 | rocm_default | interpreter",
         "(detected from the device)",
@@ -140,6 +149,12 @@ def kv_rotation(environ=None, warnings: list[str] | None = None) -> str:
     return _read_choice(environ, "GOVINDA_KV_ROTATION", KV_ROTATIONS, DEFAULT_KV_ROTATION, [] if warnings is None else warnings)
 
 
+def prefill_kernel(environ=None, warnings: list[str] | None = None) -> str:
+    """``GOVINDA_PREFILL_KERNEL``: auto | triton | fa3 (govinda_patch/prefill_kernel.py resolves auto)."""
+    environ = os.environ if environ is None else environ
+    return _read_choice(environ, "GOVINDA_PREFILL_KERNEL", PREFILL_KERNELS, "auto", [] if warnings is None else warnings)
+
+
 def parse_switch(environ, name: str, warnings: list[str], fallback: str) -> bool | None:
     """An on/off switch: True/False when set, None when unset or malformed.
 
@@ -171,6 +186,7 @@ class Settings:
     cache_dir: Path | None = field(default_factory=lambda: default_cache_dir())
     platform_override: str | None = None
     kv_rotation: str = DEFAULT_KV_ROTATION
+    prefill_kernel: str = "auto"
     warnings: list[str] = field(default_factory=list)
 
     @classmethod
@@ -195,6 +211,7 @@ class Settings:
             cache_dir=cache_dir_from(environ),
             platform_override=platform,
             kv_rotation=kv_rotation(environ, warnings),
+            prefill_kernel=prefill_kernel(environ, warnings),
             warnings=warnings,
         )
 

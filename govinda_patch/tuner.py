@@ -347,8 +347,12 @@ def run_tuning(
     candidates=None,
     base=None,
     clock: Callable[[], float] = time.monotonic,
+    tune_prefill: Optional[bool] = None,
 ) -> dict:
-    """Pick, per part, the fastest candidate that matches the reference, within ``budget_s``."""
+    """Pick, per part, the fastest candidate that matches the reference, within ``budget_s``.
+
+    ``tune_prefill`` (default: whether the Triton kernel runs prefills here,
+    govinda_patch/prefill_kernel.py) skips the prefill part when another kernel does."""
     lc = import_kernel("launch_configs")
     started = clock()
     deadline = started + budget_s
@@ -438,7 +442,13 @@ def run_tuning(
     # the decode part overran (one slow compile must not starve prefill).
     prefill_deadline = max(deadline, clock() + budget_s / 2)
     best_prefill: Optional[tuple] = None
-    for config in candidates.prefill:
+    if tune_prefill is None:
+        from .prefill_kernel import TRITON, resolve
+
+        tune_prefill = resolve(base, shape.head_dim, device).name == TRITON
+    if not tune_prefill:
+        _log("prefill not tuned: prefills run on another kernel (GOVINDA_PREFILL_KERNEL)")
+    for config in candidates.prefill if tune_prefill else ():
         if clock() >= prefill_deadline:
             skipped.append(f"prefill {config.label}")
             continue
@@ -454,7 +464,7 @@ def run_tuning(
     parts = {
         "decode": best_b1 is not None,
         "decode_batched": best_batched is not None,
-        "prefill": best_prefill is not None,
+        "prefill": best_prefill is not None or not tune_prefill,
     }
     kept = [name for name, found in parts.items() if not found]
     summary = f"{len([t for t in trials if t.usable])}/{len(trials)} candidates usable, {elapsed:.1f} s"

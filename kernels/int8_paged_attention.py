@@ -31,12 +31,13 @@ accumulators are rotated back before they are written: the reduce step is linear
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import triton
 import triton.language as tl
 
+from .int8_kv_gather import gather_kv_int8
 from .int8_kv_layout import gather_reference, page_offsets
 from .int8_kv_store import float32_view
 from .kv_rotation import NONE, check_rotation, hadamard_reference, hadamard_rows, log2_exact, normalizer
@@ -48,7 +49,7 @@ from .launch_configs import (
     sm_count,
 )
 
-__all__ = ["paged_attention_int8", "DecodeWorkspace", "attention_reference", "decode_splits_for"]
+__all__ = ["paged_attention_int8", "DecodeWorkspace", "GatheredPrefill", "attention_reference", "decode_splits_for"]
 
 LOG2E = 1.4426950408889634
 # Smallest dimension tl.dot accepts; the decode kernel pads a KV group's query heads to it.
@@ -802,6 +803,62 @@ def _launch_prefill(
     )
 
 
+@dataclass(frozen=True)
+class GatheredPrefill:
+    """The prefills of one step on the gather + bf16 varlen path, sized on the host.
+
+    Built by the caller from CPU copies of the metadata (vLLM's builder has them), so the launch
+    reads nothing back from the device. ``varlen_attention(q, k, v, out, cu_seqlens_q,
+    cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale)`` is a causal (bottom-right
+    aligned) varlen kernel, e.g. FA3; rows of ``out`` past ``cu_seqlens_q[-1]`` stay untouched.
+    """
+
+    varlen_attention: Callable
+    cu_seqlens_k: torch.Tensor  # device int32 [num_prefills + 1]: the prefills' rows in the K/V buffer
+    total_k: int  # sum of the prefills' seq_lens
+    max_seqlen_k: int
+    max_seqlen_q: int
+    num_prefill_tokens: int  # query rows of the prefills (they follow the num_decodes decode rows)
+    # Device int32 [num_prefills + 1]: the prefills' query rows from 0; None: derived from
+    # query_start_loc on the device (one more small kernel per layer).
+    cu_seqlens_q: Optional[torch.Tensor] = None
+
+
+def _gathered_prefill(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    output: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    *,
+    plan: GatheredPrefill,
+    block_size: int,
+    num_kv_heads: int,
+    softmax_scale: float,
+    num_decodes: int,
+    configs: ArchLaunchConfigs,
+    rotation: str,
+) -> None:
+    """Prefill = dequantize the prefills' whole contexts (prefix + the chunk just stored) to the
+    query dtype, then a bf16 varlen kernel: it sees exactly the values the INT8 decode sees."""
+    head_dim = query.shape[2]
+    # Transient: mixed batches are never captured as full CUDA graphs (the builder's support level).
+    keys, values = torch.empty((2, plan.total_k, num_kv_heads, head_dim), dtype=query.dtype, device=query.device)
+    gather_kv_int8(
+        kv_cache, block_table[num_decodes:], seq_lens[num_decodes:], plan.cu_seqlens_k, keys, values,
+        block_size=block_size, num_kv_heads=num_kv_heads, max_seqlen_k=plan.max_seqlen_k, rotation=rotation,
+        block_t=configs.gather.block_n, launch_kwargs=configs.gather.launch_kwargs(),
+    )
+    # Decodes are one token each, so the prefills' rows start at row num_decodes.
+    rows = slice(num_decodes, num_decodes + plan.num_prefill_tokens)
+    cu_seqlens_q = plan.cu_seqlens_q if plan.cu_seqlens_q is not None else query_start_loc[num_decodes:] - num_decodes
+    plan.varlen_attention(
+        query[rows], keys, values, output[rows], cu_seqlens_q, plan.cu_seqlens_k,
+        plan.max_seqlen_q, plan.max_seqlen_k, softmax_scale,
+    )
+
+
 def _check_inputs(query, kv_cache, output, query_start_loc, seq_lens, block_table, block_size, num_kv_heads):
     if query.dim() != 3 or output.shape != query.shape or output.dtype != query.dtype:
         raise ValueError(f"query/output must be [T, Hq, D] of one dtype, got {query.shape} / {output.shape}")
@@ -839,6 +896,7 @@ def paged_attention_int8(
     workspace: Optional[DecodeWorkspace] = None,
     configs: Optional[ArchLaunchConfigs] = None,
     rotation: str = NONE,
+    gathered_prefill: Optional[GatheredPrefill] = None,
 ) -> torch.Tensor:
     """Causal attention of ``query [T, Hq, D]`` over the INT8 paged cache; writes ``output`` in place.
 
@@ -849,7 +907,8 @@ def paged_attention_int8(
     with query_len 0 or seq_len 0, are left untouched. ``configs`` (default: the device's
     table) are the launch configs; a caller that keeps a ``workspace`` must size it with the
     same ones. ``rotation`` must be the one the cache was written with
-    (:func:`int8_kv_store.store_kv_int8`).
+    (:func:`int8_kv_store.store_kv_int8`). ``gathered_prefill`` (sized on the host by the caller)
+    sends the prefills to gather-dequantize + a bf16 varlen kernel instead of the Triton prefill.
     """
     del max_query_len, max_seq_len  # see the docstring
     rotate = check_rotation(rotation)
@@ -868,7 +927,13 @@ def paged_attention_int8(
             num_decodes, num_kv_heads, sm_count(query.device, configs), configs.decode_splits
         )
         _launch_decode(*tensors, num_decodes=num_decodes, num_splits=num_splits, workspace=workspace, **common)
-    if num_seqs > num_decodes:
+    if num_seqs > num_decodes and gathered_prefill is not None:
+        _gathered_prefill(
+            query, kv_cache, output, query_start_loc, seq_lens, block_table, plan=gathered_prefill,
+            block_size=block_size, num_kv_heads=num_kv_heads, softmax_scale=softmax_scale,
+            num_decodes=num_decodes, configs=configs, rotation=rotation,
+        )
+    elif num_seqs > num_decodes:
         _launch_prefill(*tensors, num_decodes=num_decodes, **common)
     return output
 

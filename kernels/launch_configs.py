@@ -100,6 +100,11 @@ class ArchLaunchConfigs:
     # Prefill entries that replace ``prefill`` under GOVINDA_KV_ROTATION (rotating q and o inside
     # the kernel costs registers and LDS); a head_dim not listed uses ``prefill``.
     rotated_prefill: Mapping[int, KernelConfig] = field(default_factory=dict)
+    # Which kernel runs prefills (govinda_patch/prefill_kernel.py, GOVINDA_PREFILL_KERNEL=auto):
+    # "triton" (ours) or "fa3" (gather-dequantize to bf16 + vLLM's FlashAttention-3).
+    prefill_kernel: str = "triton"
+    # The gather-dequantize kernel (kernels/int8_kv_gather.py): block_n KV tokens per program.
+    gather: KernelConfig = field(default_factory=lambda: KernelConfig(block_n=32, num_warps=4))
 
     def prefill_config(self, head_dim: int, rotated: bool = False) -> KernelConfig:
         if rotated and head_dim in self.rotated_prefill:
@@ -152,6 +157,8 @@ ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = {
             programs_per_sm=2, max_splits=256, min_tiles_per_split=1, batched_programs_per_sm=4
         ),
         default_sm_count=132,
+        # FA3 bf16 prefill runs at ~2.5x our Triton prefill on the H200 (reports/h200/fa3-line.md).
+        prefill_kernel="fa3",
     ),
     "cuda_default": ArchLaunchConfigs(
         key="cuda_default",
@@ -227,6 +234,8 @@ ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = {
         store=KernelConfig(num_warps=1, num_stages=1),
         decode_splits=DecodeSplitPolicy(programs_per_sm=2, max_splits=16, min_tiles_per_split=1),
         default_sm_count=8,
+        # Smaller than the test block sizes: gather tiles straddle pages.
+        gather=KernelConfig(block_n=16, num_warps=4, num_stages=1),
     ),
 }
 

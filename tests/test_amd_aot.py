@@ -15,7 +15,7 @@ import pytest
 from govinda_patch.amd_resources import parse_listing
 from overlay_testing import REPO, run_child
 
-KINDS = {"store", "decode_split", "decode_write", "decode_reduce", "prefill"}
+KINDS = {"store", "decode_split", "decode_write", "decode_reduce", "prefill", "gather"}
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def test_ci_subset_compiles_every_kernel_for_both_targets_and_refuses_gfx906(tmp
         assert {r["kernel"] for r in ours} == KINDS
         for row in ours:
             assert row["status"] == "ok" and row["scratch_bytes"] == 0, row
-            assert 0 < row["lds_bytes"] <= 65536 or row["kernel"] == "store"
+            assert 0 < row["lds_bytes"] <= 65536 or row["kernel"] in ("store", "gather")  # no tl.dot
             assert 1 <= row["waves_per_simd"] <= 8
             # Where LDS does not limit, our register model must agree with the compiler's own.
             if row["waves_by_lds"] > row["waves_per_simd"] or row["lds_bytes"] == 0:

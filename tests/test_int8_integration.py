@@ -238,7 +238,8 @@ slot_mapping = torch.tensor([slot(s, seq_lens[s] - q + i) for s, q in enumerate(
 query_start_loc = torch.tensor([0, 1, 2, 11], dtype=torch.int32)
 # CPU copies that vLLM < 0.33 carries in the metadata (0.33 dropped these fields).
 cpu_mirrors = {"_seq_lens_cpu": torch.tensor(seq_lens, dtype=torch.int32),
-               "_num_computed_tokens_cpu": torch.tensor([s - q for s, q in zip(seq_lens, query_lens)], dtype=torch.int32)}
+               "_num_computed_tokens_cpu": torch.tensor([s - q for s, q in zip(seq_lens, query_lens)], dtype=torch.int32),
+               "seq_lens_cpu_upper_bound": torch.tensor(seq_lens, dtype=torch.int32)}
 cpu_mirrors = {k: v for k, v in cpu_mirrors.items() if k in {f.name for f in dataclasses.fields(CommonAttentionMetadata)}}
 common = CommonAttentionMetadata(
     query_start_loc=query_start_loc, query_start_loc_cpu=query_start_loc.clone(),
@@ -266,6 +267,16 @@ for seq, (q_len, s_len) in enumerate(zip(query_lens, seq_lens)):
     scores = (q @ k.transpose(1, 2)) * head_dim ** -0.5
     exact.append((scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v).transpose(0, 1))
 exact = torch.cat(exact)
+# The FA3 prefill path with the torch varlen reference in FA3's place (no FA3 on a CPU): the
+# builder sizes it from the metadata's CPU copies; the same cache must give the same attention.
+from govinda_patch import prefill_kernel
+gather = import_kernel("int8_kv_gather")
+assert builder.prefill.name == "triton" and metadata.gathered_prefill is None
+builder.prefill = prefill_kernel.PrefillChoice("fa3", gather.varlen_attention_reference, "test")
+gathered_metadata = builder.build(0, common)
+plan = gathered_metadata.gathered_prefill
+gathered_output = torch.full_like(output, 7.0)
+impl.forward(None, query, key, value, cache, gathered_metadata, output=gathered_output)
 reference_cache = torch.zeros_like(cache)
 for seq, (q_len, s_len) in enumerate(zip(query_lens, seq_lens)):
     slots = torch.tensor([slot(seq, p) for p in range(s_len)], dtype=torch.int64)
@@ -278,6 +289,11 @@ report({
     "padding_untouched": bool((output[num_tokens:] == 7.0).all()),
     "padded_slots_untouched": bool(torch.equal(cache[0], before[0])),
     "store_matches_reference": bool(torch.equal(cache, reference_cache)),
+    "gathered_plan": None if plan is None else [plan.total_k, plan.max_seqlen_k, plan.max_seqlen_q,
+                                               plan.num_prefill_tokens, plan.cu_seqlens_k.tolist(), plan.cu_seqlens_q.tolist()],
+    "gathered_vs_reference": float((gathered_output[:num_tokens].float() - expected).abs().max()),
+    "gathered_decodes_identical": bool(torch.equal(gathered_output[:2], output[:2])),
+    "gathered_padding_untouched": bool((gathered_output[num_tokens:] == 7.0).all()),
 })
 """
 
@@ -296,6 +312,10 @@ def test_forward_and_kv_update_with_real_vllm_metadata(child, dcu_env, rotation)
     assert r["int8_vs_exact"] < 5e-2, r
     assert r["padding_untouched"] and r["padded_slots_untouched"]
     assert r["store_matches_reference"]
+    # Gather + varlen prefill: host sizes from the CPU copies (one 9-token chunk over 39 positions).
+    assert r["gathered_plan"] == [39, 39, 9, 9, [0, 39], [0, 9]], r
+    assert r["gathered_vs_reference"] < 1e-2, r
+    assert r["gathered_decodes_identical"] and r["gathered_padding_untouched"]
 
 
 def test_kill_and_revert_restore_every_original_object(child, dcu_env):

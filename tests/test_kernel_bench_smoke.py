@@ -51,9 +51,9 @@ def _vllm_loaded(payload: dict) -> bool:
     return loaded
 
 
-def _run_script(script: str, out: Path, env: dict) -> dict:
+def _run_script(script: str, out: Path, env: dict, *extra: str) -> dict:
     completed = subprocess.run(
-        [sys.executable, str(REPO / "bench" / script), "--smoke", "--out", str(out)],
+        [sys.executable, str(REPO / "bench" / script), "--smoke", "--out", str(out), *extra],
         env=env,
         cwd=str(REPO),
         capture_output=True,
@@ -152,6 +152,26 @@ def test_bench_smoke_structure_and_our_outputs(bench_payload):
             assert case["contenders"][bf16]["status"] == "ok"
             assert case["contenders"][bf16]["roundtrip_max_abs_err_k"] == 0.0  # bf16 stores exactly
         _check_int8pth(case["contenders"][int8pth], payload)
+
+
+def test_fa3_line_smoke_skips_fa3_off_gpu_and_measures_our_error(tmp_path, cache_dir):
+    """--fa3 (prefill cases only, to stay cheap): FA3 and our FA3 prefill are skipped with the
+    reason on a CPU; our kernels run and get an error against fp32 attention on the original K/V."""
+    payload = _run_script("kernel_bench.py", tmp_path / "fa3.json", _child_env(cache_dir), "--fa3", "--sections", "prefill")
+    config = payload["config"]
+    fa3, ours = f"fa3_bf16_bs{config['bf16_block_size']}", f"ours_bs{config['ours_block_size']}"
+    cases = payload["sections"]["prefill"]["cases"]
+    assert [case["variant"] for case in cases] == ["one_shot", "chunked"]
+    for case in cases:
+        contenders = case["contenders"]
+        assert list(contenders) == [fa3, ours, f"ours_fa3_bs{config['ours_block_size']}"]
+        for name in (fa3, f"ours_fa3_bs{config['ours_block_size']}"):
+            assert contenders[name]["status"] == "skipped" and "NVIDIA GPU" in contenders[name]["reason"]
+        for step in contenders[ours]["steps"]:
+            assert step["output_finite"] is True
+            # INT8 K/V of these outlier-heavy inputs vs fp32 on the originals: nonzero, bounded.
+            assert 0 < step["max_abs_err_vs_fp32_original"] < 0.5, step
+        assert set(case["time_ratios"]["eager"]) == {"ours_over_fa3", "ours_fa3_over_fa3"}
 
 
 @NOT_PORTED_TO_033

@@ -506,7 +506,7 @@ def test_ab_through_start_vllm_bench_script(tmp_path):
         assert "ignoring flags ['--max-model-len', '32768']" in log
 
 
-def test_h200_bench_serve_sides_file(tmp_path):
+def test_h200_bench_serve_sides_file(tmp_path, monkeypatch):
     """The 64-layer A/B through `vllm bench serve`: three sides, and log patterns that prove each
     side's attention backend, checked against the committed H200 server logs."""
     path = REPO_ROOT / "scripts" / "h200" / "ab_qwen35_64layer_bench_serve.yaml"
@@ -522,7 +522,24 @@ def test_h200_bench_serve_sides_file(tmp_path):
     counts = ab.count_log_patterns(logs / "serve64_triton_bf16.log", triton.log_patterns)
     assert all(c["ok"] for c in counts.values()), counts
     counts = ab.count_log_patterns(logs / "serve64_govinda.log", govinda.log_patterns)
-    assert all(c["ok"] for c in counts.values()), counts
+    # That log predates the FA3 prefill (#15): its two patterns must not match it, and must match
+    # the lines a Hopper worker now writes (the builder's choice line, the counters line).
+    fa3_prefill = {"prefill_kernel_fa3", "prefill_fa3_dispatch"}
+    assert all(c["ok"] for name, c in counts.items() if name not in fa3_prefill), counts
+    assert all(counts[name]["count"] == 0 for name in fa3_prefill), counts
+    import torch
+
+    from govinda_patch import prefill_kernel
+    from govinda_patch.kernel_package import import_kernel
+
+    monkeypatch.setattr(prefill_kernel, "fa3_varlen", lambda: (print, "FA3 (vllm.vllm_flash_attn)"))
+    choice = prefill_kernel.resolve(import_kernel("launch_configs").ARCH_TABLES["cuda_sm90"], 256, torch.device("cuda"), environ={})
+    (tmp_path / "hopper.log").write_text(
+        f"govinda INFO [pid 7] INT8 prefill kernel: {choice.description}\n"
+        "govinda INFO [pid 7] dispatch counters: decode_attention_calls=64 prefill_attention_calls=32 prefill_fa3_calls=32\n"
+    )
+    counts = ab.count_log_patterns(tmp_path / "hopper.log", govinda.log_patterns)
+    assert all(counts[name]["ok"] for name in fa3_prefill), counts
     # The stock logs also name FLASH_ATTN (for vit attention): that must not pass for the FA3 side.
     for log in ("serve64_triton_bf16.log", "serve64_govinda.log"):
         assert ab.count_log_patterns(logs / log, fa3.log_patterns)["attention_backend"]["count"] == 0

@@ -184,3 +184,17 @@ def test_worker_lookup_falls_back_to_the_hand_table_without_a_gpu(monkeypatch):
 def test_bad_shape_is_refused(text):
     with pytest.raises((TypeError, ValueError)):
         tuner.TuneShape.from_json(text)
+
+
+def test_prefill_is_not_tuned_when_another_kernel_runs_prefills():
+    candidates = lc.TuningCandidates(
+        decode=(K(block_n=16),), programs_per_sm=(1,), batched_programs_per_sm=(1,),
+        prefill=(K(block_m=32, block_n=16),), max_splits=16,
+    )
+    timer = lambda run, part, label: 1.0  # noqa: E731
+    result = tuner.run_tuning(
+        SHAPE, "cpu", budget_s=600, timer=timer, candidates=candidates, base=TABLE, tune_prefill=False
+    )
+    assert [t["part"] for t in result["trials"]] == ["decode_b1", "decode_batched"]
+    assert lc.TunedChoice.from_json(result["choice"]).prefill == TABLE.prefill_config(SHAPE.head_dim)
+    assert "hand table kept" not in result["summary"]  # skipped on purpose, not for lack of budget
