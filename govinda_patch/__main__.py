@@ -89,8 +89,8 @@ def _selftest(args) -> int:
     from .selftest import main_json, run_selftest
 
     if args.json:
-        return main_json()
-    verdict = run_selftest()
+        return main_json(args.device_index)
+    verdict = run_selftest(args.device_index)
     print(json.dumps(verdict, indent=2))
     return 0 if verdict.get("ok") else 1
 
@@ -135,6 +135,7 @@ def main(argv=None) -> int:
     commands.add_parser("counters", help="print the dispatch counters written by vLLM processes")
     selftest = commands.add_parser("selftest", help="run the INT8 kernel self-test in this process")
     selftest.add_argument("--json", action="store_true", help="one JSON line (used by the cached self-test)")
+    selftest.add_argument("--device-index", type=int, default=None, help="the GPU to test (default: the current one)")
     tune = commands.add_parser("tune", help="time the launch-config candidates for one model shape (the tuning child)")
     tune.add_argument("--json", action="store_true", help="tune now, print one JSON line (the tuning child; the default)")
     tune.add_argument("--cached", action="store_true", help="what a server would use: the cached choice, else tune and cache")

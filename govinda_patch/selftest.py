@@ -2,8 +2,9 @@
 
 ``cached_verdict`` runs ``python -m govinda_patch selftest --json`` in a child process (so a
 process that must not initialise the GPU, like vLLM 0.18's API server, never does) and caches
-the verdict on disk keyed by the kernel sources, torch/triton versions and the visible devices.
-All processes of one server therefore reach the same decision. ``run_selftest`` is the test
+the verdict on disk keyed by the kernel sources, torch/triton versions, the visible devices and
+the model of the GPU the process runs on (``device_cache``): the processes of one server share a
+decision, and a tensor-parallel rank on another GPU model gets its own. ``run_selftest`` is the test
 itself: a tiny quantize-and-store and a mixed prefill+decode attention against the references,
 for every KV rotation (a server may be started with either; the key holds the active one too).
 """
@@ -18,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .device_cache import current_device_index, device_key, write_json_atomically
 from .kernel_package import KERNELS_DIR
 from .settings import KV_ROTATIONS, kv_rotation, prefill_kernel
 from .versions import stack_versions
@@ -33,9 +35,10 @@ def kernel_sources_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def _cache_key() -> str:
+def _cache_key(device: str) -> str:
     versions = stack_versions()
     parts = [
+        device,
         kernel_sources_digest(),
         str(versions.get("torch")),
         str(versions.get("triton")),
@@ -68,17 +71,18 @@ def cached_verdict(settings) -> dict:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one child at a time (e.g. several TP workers)
         except OSError as exc:
             return dict(_run_in_child(), uncached=_uncached_note(directory, exc))
-        path = directory / f"{_cache_key()}.json"
+        index = current_device_index()
+        path = directory / f"{_cache_key(device_key(index))}.json"
         try:
             cached = json.loads(path.read_text())
             if isinstance(cached, dict):
                 return cached
         except (OSError, ValueError):
             pass
-        verdict = _run_in_child()
+        verdict = _run_in_child() if index is None else _run_in_child(("selftest", "--json", "--device-index", str(index)))
         if verdict.get("cacheable", True):
             try:
-                path.write_text(json.dumps(verdict))
+                write_json_atomically(path, verdict)
             except OSError as exc:
                 verdict = dict(verdict, uncached=_uncached_note(directory, exc))
         return verdict
@@ -109,15 +113,18 @@ def _run_in_child(args=("selftest", "--json"), timeout_s=SELFTEST_TIMEOUT_S, wha
     return json.loads(lines[-1])
 
 
-def run_selftest() -> dict:
-    """Run the kernels once against their references on this machine's device."""
+def run_selftest(device_index=None) -> dict:
+    """Run the kernels once against their references on this machine's device (the current one,
+    or ``device_index``)."""
     try:
         import torch
     except ImportError as exc:
         return {"ok": False, "reason": f"torch missing: {exc}"}
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     if torch.cuda.is_available():
-        device = torch.device("cuda")
+        if device_index is not None:
+            torch.cuda.set_device(device_index)
+        device = torch.device("cuda", torch.cuda.current_device())
         device_name = torch.cuda.get_device_name(device)
     elif interpret:
         device, device_name = torch.device("cpu"), "cpu (TRITON_INTERPRET=1)"
@@ -232,7 +239,7 @@ def _check_kernels(torch, device, rotation: str) -> dict:
     return result
 
 
-def main_json() -> int:
-    verdict = run_selftest()
+def main_json(device_index=None) -> int:
+    verdict = run_selftest(device_index)
     print(json.dumps(verdict), flush=True)
     return 0

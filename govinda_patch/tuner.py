@@ -91,22 +91,24 @@ def _log(message: str) -> None:
 def _device_label(device) -> str:
     import torch
 
+    from .device_cache import device_model
+
     index = torch.device(device).index
-    index = torch.cuda.current_device() if index is None else index
-    return f"{torch.cuda.get_device_name(index)}|{torch.cuda.get_device_properties(index).multi_processor_count}"
+    return device_model(torch.cuda.current_device() if index is None else index)
 
 
 def cache_path(settings, shape: TuneShape, device_label: str, arch_key: str) -> Path:
     from .selftest import _cache_key
 
-    # Keyed like the self-test verdict (kernel sources, torch/triton, visible devices), plus the
-    # device model, the table in force and the shape.
+    # Keyed like the self-test verdict (device model, kernel sources, torch/triton, visible
+    # devices), plus the table in force and the shape (a tensor-parallel rank's head counts).
     extra = hashlib.sha256(f"{device_label}|{arch_key}".encode()).hexdigest()[:12]
-    return Path(settings.cache_dir) / "tune" / f"{_cache_key()}-{extra}-{shape.key()}.json"
+    return Path(settings.cache_dir) / "tune" / f"{_cache_key(device_label)}-{extra}-{shape.key()}.json"
 
 
 def cached_or_tuned(settings, shape: TuneShape, device, arch_key: str, device_label: str) -> dict:
     """The tuning result for ``shape``: from the cache, else from a tuning child (then cached)."""
+    from .device_cache import write_json_atomically
     from .selftest import _run_in_child
 
     path = cache_path(settings, shape, device_label, arch_key)
@@ -130,7 +132,7 @@ def cached_or_tuned(settings, shape: TuneShape, device, arch_key: str, device_la
             args, timeout_s=int(settings.tune_budget_s + TUNE_TIMEOUT_MARGIN_S), what="tuning", stream_stderr=True
         )
         if result.get("ok") and result.get("cacheable", True):
-            path.write_text(json.dumps(result))
+            write_json_atomically(path, result)
         result["from_cache"] = False
         return result
 

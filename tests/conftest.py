@@ -3,12 +3,11 @@ since tests/kernels has a conftest too)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from overlay_testing import DCU_SIM, REPO, run_child
+from overlay_testing import child_env, run_child
 
 
 @pytest.fixture(scope="session")
@@ -19,22 +18,13 @@ def cache_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def base_env(cache_dir) -> dict:
     """Environment for a child: the repo on PYTHONPATH, no inherited GOVINDA_* switches."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GOVINDA_")}
-    env["PYTHONPATH"] = str(REPO)
-    env["GOVINDA_CACHE_DIR"] = str(cache_dir)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    return env
+    return child_env(cache_dir)
 
 
 @pytest.fixture
-def dcu_env(base_env) -> dict:
+def dcu_env(cache_dir) -> dict:
     """A simulated Hygon DCU: vLLM's ROCm platform activates; kernels are trusted (CPU only)."""
-    env = dict(base_env)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(DCU_SIM)])
-    env["GOVINDA_PLATFORM"] = "rocm"
-    env["GOVINDA_SELFTEST"] = "skip"
-    return env
+    return child_env(cache_dir, dcu=True)
 
 
 @pytest.fixture

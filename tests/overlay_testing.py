@@ -8,6 +8,7 @@ same interpreter against the REAL installed vLLM. ``dcu_env`` adds the simulated
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -20,6 +21,21 @@ REPO = Path(__file__).resolve().parent.parent
 DCU_SIM = REPO / "tests" / "dcu_sim"
 VLLM_VERSION = Version(metadata.version("vllm"))
 RESULT_MARK = "RESULT-JSON:"
+
+
+def child_env(cache_dir: Path, dcu: bool = False) -> dict:
+    """Environment for a child: the repo on PYTHONPATH, no inherited GOVINDA_* switches; with
+    ``dcu`` a simulated Hygon DCU (vLLM's ROCm platform activates; kernels are trusted, CPU only)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GOVINDA_")}
+    env["PYTHONPATH"] = str(REPO)
+    env["GOVINDA_CACHE_DIR"] = str(cache_dir)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if dcu:
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(DCU_SIM)])
+        env["GOVINDA_PLATFORM"] = "rocm"
+        env["GOVINDA_SELFTEST"] = "skip"
+    return env
 
 
 def vllm_is(spec: str) -> bool:

@@ -7,8 +7,16 @@
 #                                                       (nvidia-h200-x4; ~6 min)
 #   sh scripts/h200/ab_bench_serve.sh SIDE [SIDE ...]   the named sides one after another on one
 #                                                       GPU (~5.5 min each: one side per call)
+#   --sides FILE first: another sides file (e.g. ab_qwen35_64layer_tp2.yaml); arguments after
+#   the side names and a "--" go to bench/ab.py as they are (e.g. --max-concurrency 4)
 # Join one-side calls' JSONs afterwards with bench/ab.py --report-only (see the sides file).
 set -eu
+sides=scripts/h200/ab_qwen35_64layer_bench_serve.yaml
+if [ "${1:-}" = "--sides" ]; then
+    [ "$#" -ge 2 ] || { echo "--sides needs a file" >&2; exit 2; }
+    sides=$2
+    shift 2
+fi
 [ "$#" -gt 0 ] || { echo "usage: $0 --parallel | SIDE [SIDE ...] (triton_bf16, govinda, fa3_bf16)" >&2; exit 2; }
 OUT_DIR=${OUT:-/tmp/ab-bench-serve}
 mkdir -p "$OUT_DIR"
@@ -26,13 +34,15 @@ python3 -m vllm.entrypoints.cli.main bench serve --help > "$OUT_DIR/bench_serve_
     || { tail -20 "$OUT_DIR/bench_serve_check.log"; exit 1; }
 
 only=""
-for side in "$@"; do
-    case "$side" in
+while [ "$#" -gt 0 ]; do
+    case "$1" in
+        --) shift; break ;;
         --parallel) only="$only --parallel" ;;
-        *) only="$only --only $side" ;;
+        *) only="$only --only $1" ;;
     esac
+    shift
 done
 # --stop-grace 10: vLLM 0.26 does not exit on SIGTERM within 30 s; the default grace only waits.
 # shellcheck disable=SC2086
-python3 bench/ab.py --sides scripts/h200/ab_qwen35_64layer_bench_serve.yaml --model "$model" $only \
-    --stop-grace 10 --report-dir "$OUT_DIR" --log-dir "$OUT_DIR"
+python3 bench/ab.py --sides "$sides" --model "$model" $only \
+    --stop-grace 10 --report-dir "$OUT_DIR" --log-dir "$OUT_DIR" "$@"
