@@ -1307,6 +1307,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.report_only:
         sources = [Path(path) for path in args.report_only]
         result = merge_results([json.loads(path.read_text(encoding="utf-8")) for path in sources])
+        if args.baseline:  # e.g. the saved baseline side is missing from the files joined here
+            if args.baseline not in {side["name"] for side in result["sides"]}:
+                raise SystemExit(f"--baseline: no side named {args.baseline!r} in these results")
+            result["baseline"] = args.baseline
         paths = write_reports(result, Path(args.report_dir) if args.report_dir else sources[0].parent)
         log(f"rebuilt {paths['md']}" + (f" and {paths['png']}" if paths["png"].exists() else ""))
         return _exit_code(result)

@@ -445,6 +445,14 @@ def test_ab_only_runs_one_side_and_keeps_the_others(tmp_path):
     assert [s["name"] for s in joined["sides"]] == ["a", "b"] and joined["sides"][0] == partial["sides"][0]
     assert [run["sides"] for run in joined["runs"]] == [["a"], ["b"]]
     assert joined["agreement"][0]["identical"] == row["identical"]
+    # Another baseline for the same files (a side of another run is missing, say).
+    assert ab.main(["--report-only", str(first / "split.json"), str(alone / "split.json"),
+                    "--baseline", "b", "--report-dir", str(rebuilt)]) == 0
+    rebased = json.loads((rebuilt / "split.json").read_text())
+    assert rebased["baseline"] == "b"
+    assert [(r["side"], r["baseline"]) for r in rebased["agreement"]] == [("a", "b")]
+    with pytest.raises(SystemExit, match="no side named 'c'"):
+        ab.main(["--report-only", str(first / "split.json"), "--baseline", "c", "--report-dir", str(rebuilt)])
 
 
 def test_ab_parallel_runs_every_side_at_once_on_its_own_port_and_gpu(tmp_path):
