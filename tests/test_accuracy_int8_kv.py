@@ -14,7 +14,6 @@ reference quantizer is unchanged.
 from __future__ import annotations
 
 import os
-import sys
 
 # The kernel slice runs our Triton kernels on the CPU; the interpreter must be on before any
 # kernel module is imported (tests/kernels/conftest.py does the same for its tests).
@@ -24,8 +23,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 torch = pytest.importorskip("torch")
 # The study needs nothing from vLLM; CI runs it in the vLLM 0.18.1 environment, whose lock has

@@ -15,8 +15,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 pytest.importorskip("torch")
 pytest.importorskip("gguf", reason="gguf is installed only in the vLLM 0.18.1 test environment")

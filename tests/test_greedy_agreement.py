@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # also runs without PYTHONPATH=<repo>
-    sys.path.insert(0, str(REPO_ROOT))
 
 from bench import ab, greedy_agreement  # noqa: E402
 from fake_openai_server import (  # noqa: E402

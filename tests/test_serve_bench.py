@@ -21,8 +21,6 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # also runs without PYTHONPATH=<repo>
-    sys.path.insert(0, str(REPO_ROOT))
 
 from bench import ab, openai_http, serve_tiers  # noqa: E402
 

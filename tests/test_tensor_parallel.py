@@ -12,15 +12,12 @@ initialisation (no GPU here).
 
 from __future__ import annotations
 
-import sys
 
 import pytest
 
 from overlay_testing import REPO, child_env, run_child
 
-if str(REPO) not in sys.path:  # bench/ is a package of the repo root
-    sys.path.insert(0, str(REPO))
-from bench import ab  # noqa: E402
+from bench import ab
 
 QWEN35 = REPO / "tests" / "models" / "qwen3_5-27b-shape"
 # Llama-3-8B attention shape (dense, 8 KV heads); two layers are enough for the configuration.
