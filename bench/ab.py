@@ -305,6 +305,8 @@ def build_config(args: argparse.Namespace) -> AbConfig:
         raise ValueError(f"bench: unknown keys {sorted(unknown)} for workload {workload} (known: {sorted(known_bench)})")
     for key in TIER_FLAGS:
         value = getattr(args, key)
+        if key == "max_concurrency" and value is not None and len(value) == 1:
+            value = value[0]
         if value is not None:
             if workload != "tiers":
                 raise ValueError(f"--{key.replace('_', '-')} applies to the tiers workload only")
@@ -770,6 +772,18 @@ def _describe_env_failure(check: Dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------- analysis
 
 
+def tier_key(tier: Dict[str, Any]) -> str:
+    """'6144' at concurrency 1 (and in results from before concurrency lists), '8192@c4' otherwise."""
+    concurrency = tier.get("requested_max_concurrency") or 1
+    n = tier["requested_input_len"]
+    return str(n) if concurrency == 1 else f"{n}@c{concurrency}"
+
+
+def tier_title(key: str) -> str:
+    n, _, concurrency = key.partition("@c")
+    return f"Input {n} tokens" + (f", concurrency {concurrency}" if concurrency else "")
+
+
 def tier_rows(result: Dict[str, Any]) -> Dict[str, Any]:
     """Per tier and side: the scored metrics, ratios to the baseline and the SLA verdict."""
     config = result["config"]
@@ -778,11 +792,11 @@ def tier_rows(result: Dict[str, Any]) -> Dict[str, Any]:
     baseline = result["baseline"]
     sides = result["sides"]
     per_side: Dict[str, Dict[int, Dict[str, Any]]] = {}
-    input_lens: List[int] = []
+    input_lens: List[str] = []
     for side in sides:
         tiers = {}
         for tier in (side.get("bench") or {}).get("tiers", []):
-            n = tier["requested_input_len"]
+            n = tier_key(tier)
             tiers[n] = tier
             if n not in input_lens:
                 input_lens.append(n)
@@ -912,7 +926,7 @@ def render_markdown(result: Dict[str, Any], png_note: str) -> str:
     for input_len, tier_rows_ in rows.items():
         lines += [
             "",
-            f"## Input {input_len} tokens",
+            f"## {tier_title(input_len)}",
             "",
             "| side | input tokens sent | output tok/s | vs base | TTFT P99 ms | vs base | TPOT P99 ms | vs base | "
             "completion | SLA | score |",
@@ -1258,7 +1272,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-lens", type=serve_tiers.parse_int_list)
     p.add_argument("--output-len", type=int)
     p.add_argument("--num-prompts", type=int)
-    p.add_argument("--max-concurrency", type=int)
+    p.add_argument("--max-concurrency", type=int, nargs="+", help="one or more (each input length at each)")
     p.add_argument("--warmup-requests", type=int, help="requests of the warm-up run of the tool (default 1)")
     p.add_argument("--tokenizer", help="the tokenizer `vllm bench serve` builds prompts with (default: the model)")
     p.add_argument("--seed", type=int)

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 DEFAULT_INPUT_LENS = (6144, 12288, 24576)
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
@@ -60,8 +60,9 @@ class BenchConfig:
     tokenizer: Optional[str] = None
     input_lens: List[int] = field(default_factory=lambda: list(DEFAULT_INPUT_LENS))
     output_len: int = 256
-    num_prompts: int = 10  # per tier
-    max_concurrency: int = 1
+    num_prompts: int = 10  # per tier and concurrency slot: a tier at concurrency C sends num_prompts * C
+    # One value, or a list: every input length is then measured at each concurrency, one server start.
+    max_concurrency: Union[int, List[int]] = 1
     warmup_requests: int = 1  # in a separate run of the tool, before the first tier
     warmup_input_len: Optional[int] = None  # default: the first tier's input length
     seed: int = 0  # the warm-up's; tier k (from 0) uses seed + 1 + k
@@ -78,8 +79,18 @@ class BenchConfig:
             raise ValueError("tokenizer: the random dataset needs the served model's tokenizer (a path)")
         if not self.input_lens or any(n < 1 for n in self.input_lens):
             raise ValueError("input_lens must be a non-empty list of lengths >= 1")
-        if self.output_len < 1 or self.num_prompts < 1 or self.max_concurrency < 1 or self.warmup_requests < 0:
-            raise ValueError("output_len, num_prompts and max_concurrency must be >= 1, warmup_requests >= 0")
+        if self.output_len < 1 or self.num_prompts < 1 or self.warmup_requests < 0:
+            raise ValueError("output_len and num_prompts must be >= 1, warmup_requests >= 0")
+        if not self.concurrencies() or any(c < 1 for c in self.concurrencies()):
+            raise ValueError("max_concurrency must be >= 1 (or a non-empty list of such)")
+
+    def concurrencies(self) -> List[int]:
+        values = self.max_concurrency if isinstance(self.max_concurrency, list) else [self.max_concurrency]
+        return [int(c) for c in values]
+
+    def tiers(self) -> List[Tuple[int, int]]:
+        """(input length, concurrency) pairs in run order."""
+        return [(n, c) for n in self.input_lens for c in self.concurrencies()]
 
 
 def log(message: str) -> None:
@@ -92,7 +103,8 @@ def _percentile_key(p: float) -> str:
 
 
 def bench_serve_command(
-    config: BenchConfig, input_len: int, num_prompts: int, seed: int, result_file: Optional[Path]
+    config: BenchConfig, input_len: int, num_prompts: int, seed: int, result_file: Optional[Path],
+    concurrency: Optional[int] = None,
 ) -> List[str]:
     command = list(config.vllm_command or [sys.executable, "-m", "vllm.entrypoints.cli.main"])
     command += [
@@ -105,7 +117,7 @@ def bench_serve_command(
         "--random-input-len", str(input_len),
         "--random-output-len", str(config.output_len),
         "--num-prompts", str(num_prompts),
-        "--max-concurrency", str(config.max_concurrency),
+        "--max-concurrency", str(concurrency or config.concurrencies()[0]),
         "--ignore-eos",
         "--seed", str(seed),
         "--percentile-metrics", PERCENTILE_METRICS,
@@ -148,17 +160,20 @@ def run_tool(command: List[str], output_path: Path, timeout_s: float) -> Dict[st
     }
 
 
-def run_tier(config: BenchConfig, work: Path, input_len: int, seed: int) -> Dict[str, Any]:
-    result_file = work / f"tier-{input_len}.json"
+def run_tier(config: BenchConfig, work: Path, input_len: int, seed: int, concurrency: int = 1) -> Dict[str, Any]:
+    stem = f"tier-{input_len}" if len(config.concurrencies()) == 1 else f"tier-{input_len}-c{concurrency}"
+    result_file = work / f"{stem}.json"
     result_file.unlink(missing_ok=True)
-    command = bench_serve_command(config, input_len, config.num_prompts, seed, result_file)
-    run = run_tool(command, work / f"tier-{input_len}.log", config.timeout_s)
+    num_prompts = config.num_prompts * concurrency
+    command = bench_serve_command(config, input_len, num_prompts, seed, result_file, concurrency)
+    run = run_tool(command, work / f"{stem}.log", config.timeout_s)
     run["result_file"] = str(result_file)
-    annotations = {"requested_input_len": input_len, "requested_output_len": config.output_len, "seed": seed}
+    annotations = {"requested_input_len": input_len, "requested_output_len": config.output_len,
+                   "requested_max_concurrency": concurrency, "seed": seed}
     if run["returncode"] != 0 or not result_file.exists():
         why = "timed out" if run["returncode"] is None else f"exit code {run['returncode']}"
         last = next((line for line in reversed(run["output_tail"]) if line.strip()), "")
-        return dict(annotations, num_prompts=config.num_prompts, completed=0, completion_rate=0.0,
+        return dict(annotations, num_prompts=num_prompts, completed=0, completion_rate=0.0,
                     error=f"vllm bench serve {why}: {last[:300]}", bench_serve=run)
     tier = json.loads(result_file.read_text(encoding="utf-8"))
     tier.update(annotations)
@@ -189,15 +204,17 @@ def run(config: BenchConfig) -> Dict[str, Any]:
         input_len = config.warmup_input_len or config.input_lens[0]
         if config.progress:
             log(f"warm-up: {config.warmup_requests} x ({input_len} in, {config.output_len} out), not counted")
-        command = bench_serve_command(config, input_len, config.warmup_requests, config.seed, None)
+        command = bench_serve_command(config, input_len, config.warmup_requests, config.seed, None,
+                                      config.concurrencies()[0])
         output["warmup"] = run_tool(command, work / "warmup.log", config.timeout_s)
         if output["warmup"]["returncode"] != 0 and config.progress:
             log(f"warm-up FAILED (exit {output['warmup']['returncode']}), see {work / 'warmup.log'}")
-    for k, input_len in enumerate(config.input_lens):
+    tiers = config.tiers()
+    for k, (input_len, concurrency) in enumerate(tiers):
         if config.progress:
-            log(f"tier {k + 1}/{len(config.input_lens)}: vllm bench serve, {config.num_prompts} x "
-                f"({input_len} in, {config.output_len} out)")
-        tier = run_tier(config, work, input_len, config.seed + 1 + k)
+            log(f"tier {k + 1}/{len(tiers)}: vllm bench serve, {config.num_prompts * concurrency} x "
+                f"({input_len} in, {config.output_len} out), concurrency {concurrency}")
+        tier = run_tier(config, work, input_len, config.seed + 1 + k, concurrency)
         if config.progress:
             state = tier.get("error") or (f"{tier['completed']}/{tier['num_prompts']} completed, "
                                           f"{tier['output_throughput']:.2f} tok/s, input tokens sent "
@@ -256,7 +273,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    help="comma list of input lengths in tokens, K = 1024 (default 6K,12K,24K)")
     p.add_argument("--output-len", type=int, default=d.output_len)
     p.add_argument("--num-prompts", type=int, default=d.num_prompts, help="requests per tier")
-    p.add_argument("--max-concurrency", type=int, default=d.max_concurrency)
+    p.add_argument("--max-concurrency", type=int, nargs="+", default=[d.max_concurrency],
+                   help="one or more; each input length runs at each (num_prompts per slot)")
     p.add_argument("--warmup-requests", type=int, default=d.warmup_requests)
     p.add_argument("--warmup-input-len", type=int, default=None)
     p.add_argument("--seed", type=int, default=d.seed)
@@ -278,7 +296,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         input_lens=args.input_lens,
         output_len=args.output_len,
         num_prompts=args.num_prompts,
-        max_concurrency=args.max_concurrency,
+        max_concurrency=args.max_concurrency[0] if len(args.max_concurrency) == 1 else args.max_concurrency,
         warmup_requests=args.warmup_requests,
         warmup_input_len=args.warmup_input_len,
         seed=args.seed,

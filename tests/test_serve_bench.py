@@ -173,6 +173,41 @@ def test_serve_tiers_records_a_failed_tool_run(tmp_path):
     assert row["verdict"].startswith("ERROR: vllm bench serve exit code 3") and row["score"] == 0.0
 
 
+FAKE_TOOL = """
+import json, sys
+a = sys.argv
+def flag(name):
+    return a[a.index(name) + 1]
+n = int(flag("--num-prompts"))
+if "--save-result" in a:
+    with open(flag("--result-dir") + "/" + flag("--result-filename"), "w") as f:
+        json.dump({"completed": n, "num_prompts": n, "failed": 0, "output_throughput": 10.0 * int(flag("--max-concurrency")),
+                   "p99_ttft_ms": 100.0, "p99_tpot_ms": 10.0, "input_lens": [int(flag("--random-input-len"))] * n}, f)
+"""
+
+
+def test_serve_tiers_concurrency_list_runs_every_pair_and_reports_each(tmp_path):
+    """max_concurrency as a list: each input length at each concurrency, num_prompts per slot."""
+    config = serve_tiers.BenchConfig(
+        tokenizer=str(TOKENIZER), input_lens=[16, 32], num_prompts=2, max_concurrency=[1, 4], warmup_requests=1,
+        progress=False, vllm_command=[PYTHON, "-c", FAKE_TOOL], work_dir=str(tmp_path),
+    )
+    result = serve_tiers.run(config)
+    pairs = [(t["requested_input_len"], t["requested_max_concurrency"], t["num_prompts"]) for t in result["tiers"]]
+    assert pairs == [(16, 1, 2), (16, 4, 8), (32, 1, 2), (32, 4, 8)]
+    for tier in result["tiers"]:
+        command = tier["bench_serve"]["command"]
+        assert command[command.index("--max-concurrency") + 1] == str(tier["requested_max_concurrency"])
+    sides = [{"name": name, "status": "ok", "bench": result} for name in ("a", "b")]
+    report = {"config": {"sla_factor": 1.5, "min_completion": 0.99}, "baseline": "a", "sides": sides}
+    rows = ab.tier_rows(report)
+    assert list(rows) == ["16", "16@c4", "32", "32@c4"]
+    assert rows["16@c4"][1]["output_throughput"] == 40.0 and rows["16@c4"][1]["verdict"] == "PASS"
+    assert ab.tier_title("16@c4") == "Input 16 tokens, concurrency 4" and ab.tier_title("16") == "Input 16 tokens"
+    with pytest.raises(ValueError, match="max_concurrency"):
+        serve_tiers.BenchConfig(tokenizer="t", max_concurrency=[]).validate()
+
+
 # ----------------------------------------------------------------------------- ab: env checks
 
 
