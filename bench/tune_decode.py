@@ -14,7 +14,7 @@ compiled kernel's registers and spills. Copy the winners into the architecture's
 ``--profile-config BLOCK_N,WARPS,PREFETCH,PROGRAMS_PER_SM`` skips the sweep and runs that
 configuration a few times per case, untimed, for a profiler::
 
-    ncu --kernel-name regex:_decode_ --section SpeedOfLight --section Occupancy \\
+    ncu --kernel-name regex:decode_ --section SpeedOfLight --section Occupancy \\
         python3 bench/tune_decode.py --profile-config 64,4,1,2 --cases 1x32768
 
 ``--smoke`` runs tiny shapes under ``TRITON_INTERPRET=1`` on the CPU (checks every
@@ -162,9 +162,11 @@ class DecodeCase:
 def run_variant(case: DecodeCase, variant: Optional[DecodeVariant], launch_configs, attention, reference) -> Dict[str, Any]:
     import torch
 
+    from govinda_patch.kernel_package import import_kernel
+
     ctx = case.ctx
     record: Dict[str, Any] = {"variant": dataclasses.asdict(variant) if variant else "table", "status": "ok"}
-    before = set(compiled_kernel_stats(attention._decode_split_kernel))
+    before = set(compiled_kernel_stats(import_kernel("int8_decode_attention").decode_split_kernel))
     try:
         configs = variant_table(launch_configs, ctx.device, case.geometry.head_dim, variant)
         case.prepare(configs)
@@ -180,7 +182,7 @@ def run_variant(case: DecodeCase, variant: Optional[DecodeVariant], launch_confi
         record.update(kb.bandwidth_fields(ctx, stats.get("median_us"), case.bytes_read))
     except Exception as error:  # an invalid combination (e.g. out of shared memory) is a result too
         record.update(kb.error_record(error))
-    new = {k: v for k, v in compiled_kernel_stats(attention._decode_split_kernel).items() if k not in before}
+    new = {k: v for k, v in compiled_kernel_stats(import_kernel("int8_decode_attention").decode_split_kernel).items() if k not in before}
     if new:
         record["compiled"] = list(new.values())
     return record
