@@ -28,7 +28,7 @@ rotated back in place. A pass over the rows costs about what reading and writing
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import triton
@@ -133,14 +133,35 @@ class DecodeWorkspace:
             )
 
 
+class _Step(NamedTuple):
+    """The tensors of one call, in the order both attention kernels take them."""
+
+    query: torch.Tensor
+    output: torch.Tensor
+    kv_cache: torch.Tensor
+    cache_f32: torch.Tensor  # the same bytes as float32 (the scale regions)
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+
+    def strides(self) -> tuple:
+        """The stride arguments both attention kernels take, in their order."""
+        return (*self.query.stride(), *self.output.stride(), self.kv_cache.stride(0), self.cache_f32.stride(0),
+                self.block_table.stride(0))
+
+
+def _page_constexprs(block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> dict:
+    """The constexprs both attention kernels take: where V and the scales start in a page
+    (scales in fp32 words) and the dot's input dtype."""
+    offsets = page_offsets(block_size, num_kv_heads, head_dim)
+    return dict(
+        V_DATA_OFFSET=offsets.v_data, K_SCALE_OFFSET_F32=offsets.k_scale // 4, V_SCALE_OFFSET_F32=offsets.v_scale // 4,
+        DOT_DTYPE=_DOT_DTYPES[dtype], UPCAST_DOT=interpreting(),
+    )
+
+
 def _launch_decode(
-    query: torch.Tensor,
-    kv_cache: torch.Tensor,
-    cache_f32: torch.Tensor,
-    output: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_table: torch.Tensor,
+    step: _Step,
     *,
     block_size: int,
     num_kv_heads: int,
@@ -151,71 +172,52 @@ def _launch_decode(
     configs: ArchLaunchConfigs,
     rotate: bool,
 ) -> None:
-    num_tokens, num_q_heads, head_dim = query.shape
+    num_tokens, num_q_heads, head_dim = step.query.shape
     group = num_q_heads // num_kv_heads
-    offsets = page_offsets(block_size, num_kv_heads, head_dim)
     config = configs.decode_config(head_dim)
-    min_tiles = configs.decode_splits.min_tiles_per_split
     write_output = num_splits == 1
     if write_output:
-        partial_acc = partial_max = partial_sum = output  # unused by the kernel
+        partial_acc = partial_max = partial_sum = step.output  # unused by the kernel
     else:
         if workspace is None:  # eager use: exactly this batch's size
-            workspace = DecodeWorkspace.with_entries(num_decodes * num_splits, num_q_heads, head_dim, query.device)
+            workspace = DecodeWorkspace.with_entries(num_decodes * num_splits, num_q_heads, head_dim, step.query.device)
         workspace.check_fits(num_decodes, num_splits, num_q_heads, head_dim)
         partial_acc, partial_max, partial_sum = workspace.partial_acc, workspace.partial_max, workspace.partial_sum
     decode_split_kernel[(num_decodes, num_kv_heads, num_splits)](
-        query,
-        output,
-        kv_cache,
-        cache_f32,
-        query_start_loc,
-        seq_lens,
-        block_table,
+        *step,
         partial_acc,
         partial_max,
         partial_sum,
         qk_scale,
         num_tokens,
         num_splits,
-        query.stride(0),
-        query.stride(1),
-        query.stride(2),
-        output.stride(0),
-        output.stride(1),
-        output.stride(2),
-        kv_cache.stride(0),
-        cache_f32.stride(0),
-        block_table.stride(0),
+        *step.strides(),
         NUM_Q_HEADS=num_q_heads,
         GROUP=group,
         GROUP_PAD=max(MIN_DOT_DIM, triton.next_power_of_2(group)),
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
         BLOCK_N=config.block_n,
-        MIN_TILES_PER_SPLIT=min_tiles,
-        V_DATA_OFFSET=offsets.v_data,
-        K_SCALE_OFFSET_F32=offsets.k_scale // 4,
-        V_SCALE_OFFSET_F32=offsets.v_scale // 4,
+        MIN_TILES_PER_SPLIT=configs.decode_splits.min_tiles_per_split,
         WRITE_OUTPUT=write_output,
         PREFETCH_NEXT_TILE=config.prefetch_next_tile,
-        DOT_DTYPE=_DOT_DTYPES[query.dtype],
-        UPCAST_DOT=interpreting(),
         ROTATE=rotate,
         LOG2_HEAD_DIM=log2_exact(head_dim),
         ROTATION_NORM=normalizer(head_dim),
+        **_page_constexprs(block_size, num_kv_heads, head_dim, step.query.dtype),
         **config.launch_kwargs(),
     )
     if write_output:
         return
     reduce = configs.reduce
     block_d = min(reduce.block_n, head_dim)
+    output = step.output
     decode_reduce_kernel[(num_decodes, num_q_heads, head_dim // block_d)](
         output,
         partial_acc,
         partial_max,
         partial_sum,
-        query_start_loc,
+        step.query_start_loc,
         num_tokens,
         num_splits,
         output.stride(0),
@@ -230,13 +232,7 @@ def _launch_decode(
 
 
 def _launch_prefill(
-    query: torch.Tensor,
-    kv_cache: torch.Tensor,
-    cache_f32: torch.Tensor,
-    output: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_table: torch.Tensor,
+    step: _Step,
     *,
     block_size: int,
     num_kv_heads: int,
@@ -245,50 +241,31 @@ def _launch_prefill(
     configs: ArchLaunchConfigs,
     rotate: bool,
 ) -> None:
-    num_tokens, num_q_heads, head_dim = query.shape
-    num_seqs = seq_lens.shape[0]
-    offsets = page_offsets(block_size, num_kv_heads, head_dim)
+    num_tokens, num_q_heads, head_dim = step.query.shape
+    num_seqs = step.seq_lens.shape[0]
     config = configs.prefill_config(head_dim)
     # Upper bound on sum(cdiv(query_len, BLOCK_M)) over the prefills without reading query_start_loc.
     num_q_blocks = num_tokens // config.block_m + (num_seqs - num_decodes)
     if rotate:  # the prefill rows of ``output`` hold the rotated query until the kernel overwrites them
-        rotate_token_rows(query, output, query_start_loc, num_decodes, num_seqs)
-        query = output
+        rotate_token_rows(step.query, step.output, step.query_start_loc, num_decodes, num_seqs)
+        step = step._replace(query=step.output)
     prefill_attention_kernel[(num_q_heads, num_q_blocks)](
-        query,
-        output,
-        kv_cache,
-        cache_f32,
-        query_start_loc,
-        seq_lens,
-        block_table,
+        *step,
         qk_scale,
         num_decodes,
         num_seqs,
         num_q_blocks,
-        query.stride(0),
-        query.stride(1),
-        query.stride(2),
-        output.stride(0),
-        output.stride(1),
-        output.stride(2),
-        kv_cache.stride(0),
-        cache_f32.stride(0),
-        block_table.stride(0),
+        *step.strides(),
         GROUP=num_q_heads // num_kv_heads,
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
-        V_DATA_OFFSET=offsets.v_data,
-        K_SCALE_OFFSET_F32=offsets.k_scale // 4,
-        V_SCALE_OFFSET_F32=offsets.v_scale // 4,
-        DOT_DTYPE=_DOT_DTYPES[query.dtype],
-        UPCAST_DOT=interpreting(),
+        **_page_constexprs(block_size, num_kv_heads, head_dim, step.query.dtype),
         **config.launch_kwargs(),
     )
     if rotate:
-        rotate_token_rows(output, output, query_start_loc, num_decodes, num_seqs)
+        rotate_token_rows(step.output, step.output, step.query_start_loc, num_decodes, num_seqs)
 
 
 @dataclass(frozen=True)
@@ -313,12 +290,7 @@ class GatheredPrefill:
 
 
 def _gathered_prefill(
-    query: torch.Tensor,
-    kv_cache: torch.Tensor,
-    output: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_table: torch.Tensor,
+    step: _Step,
     *,
     plan: GatheredPrefill,
     block_size: int,
@@ -330,6 +302,7 @@ def _gathered_prefill(
 ) -> None:
     """Prefill = dequantize the prefills' whole contexts (prefix + the chunk just stored) to the
     query dtype, then a bf16 varlen kernel: it sees exactly the values the INT8 decode sees."""
+    query, output, kv_cache, _, query_start_loc, seq_lens, block_table = step
     head_dim = query.shape[2]
     # Transient: mixed batches are never captured as full CUDA graphs (the builder's support level).
     keys, values = torch.empty((2, plan.total_k, num_kv_heads, head_dim), dtype=query.dtype, device=query.device)
@@ -409,18 +382,17 @@ def paged_attention_int8(
     configs = configs or get_launch_configs(query.device)
     qk_scale = float(softmax_scale) * LOG2E
     common = dict(block_size=block_size, num_kv_heads=num_kv_heads, qk_scale=qk_scale, configs=configs, rotate=rotate)
-    tensors = (query, kv_cache, cache_f32, output, query_start_loc, seq_lens, block_table)
+    step = _Step(query, output, kv_cache, cache_f32, query_start_loc, seq_lens, block_table)
     if num_decodes > 0:
         num_splits = decode_num_splits(
             num_decodes, num_kv_heads, sm_count(query.device, configs), configs.decode_splits
         )
-        _launch_decode(*tensors, num_decodes=num_decodes, num_splits=num_splits, workspace=workspace, **common)
+        _launch_decode(step, num_decodes=num_decodes, num_splits=num_splits, workspace=workspace, **common)
     if num_seqs > num_decodes and gathered_prefill is not None:
         _gathered_prefill(
-            query, kv_cache, output, query_start_loc, seq_lens, block_table, plan=gathered_prefill,
-            block_size=block_size, num_kv_heads=num_kv_heads, softmax_scale=softmax_scale,
+            step, plan=gathered_prefill, block_size=block_size, num_kv_heads=num_kv_heads, softmax_scale=softmax_scale,
             num_decodes=num_decodes, configs=configs, rotation=rotation,
         )
     elif num_seqs > num_decodes:
-        _launch_prefill(*tensors, num_decodes=num_decodes, **common)
+        _launch_prefill(step, num_decodes=num_decodes, **common)
     return output
