@@ -3,8 +3,8 @@
 
 Every contender attends over the same realistic K/V (standard normal plus a few large,
 slowly rotating channel pairs per head, like post-RoPE keys; see
-``kernel_bench.realistic_qkv``), written through its own store path. Each output is compared
-with float32 attention on the ORIGINAL bf16 K/V (the quantity a user cares about), and, for the
+``bench.kernel_core.inputs.realistic_qkv``), written through its own store path. Each output
+is compared with float32 attention on the ORIGINAL bf16 K/V (the quantity a user cares about), and, for the
 quantized caches, also with float32 attention on the K/V the cache actually holds
 (dequantized) -- that separates the quantization error from the kernel's own arithmetic error.
 
@@ -15,11 +15,12 @@ Cases (Qwen3.5-27B attention: 24 q heads / 4 KV heads, head_dim 256, bf16):
   prefill chunks over 30K and 2K cached prefixes.
 
 ``--rotation`` compares our kernels instead (``GOVINDA_KV_ROTATION``): unrotated, rotated as
-shipped and rotated by bf16 torch matmuls around the unrotated kernels (kernel_bench's contenders).
+shipped and rotated by bf16 torch matmuls around the unrotated kernels (the kernel benches'
+contenders, ``bench.kernel_core.contenders``).
 
 Run from the repository root (H200)::
 
-    PYTHONPATH=$PWD:/tmp/site python3 bench/kernel_accuracy.py --out reports/kernel_accuracy_h200.json
+    PYTHONPATH=/tmp/site python3 -m bench.kernel_accuracy --out reports/kernel_accuracy_h200.json
 """
 
 from __future__ import annotations
@@ -31,15 +32,17 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import kernel_bench as bench  # noqa: E402  (sibling script: shared contenders and inputs)
+from bench.kernel_core.contenders import build_contenders, cpu_capability_shim
+from bench.kernel_core.inputs import QWEN35_27B, SMOKE_GEOMETRY, Geometry, fill_cache, make_layout, make_step, realistic_qkv
+from bench.kernel_core.records import environment_metadata, error_record, fmt, log, why, write_json
+from bench.kernel_core.session import REPO_ROOT, BenchOptions, Context, make_config as make_bench_config, prepare_environment
 
 ALL_SECTIONS = ("decode", "prefill_chunk")
 
 
 @dataclasses.dataclass
 class AccuracyConfig:
-    geometry: bench.Geometry
+    geometry: Geometry
     ours_block_size: int
     bf16_block_size: int
     int8pth_block_size: int
@@ -48,10 +51,10 @@ class AccuracyConfig:
     prefill_batch: List[Tuple[int, int]]
 
 
-def make_config(args: argparse.Namespace) -> AccuracyConfig:
-    if args.smoke:
+def make_config(smoke: bool) -> AccuracyConfig:
+    if smoke:
         return AccuracyConfig(
-            geometry=bench.SMOKE_GEOMETRY,
+            geometry=SMOKE_GEOMETRY,
             ours_block_size=48,
             bf16_block_size=32,
             int8pth_block_size=48,
@@ -59,7 +62,7 @@ def make_config(args: argparse.Namespace) -> AccuracyConfig:
             prefill_batch=[(1, 40), (16, 64), (16, 24)],
         )
     return AccuracyConfig(
-        geometry=bench.QWEN35_27B,
+        geometry=QWEN35_27B,
         ours_block_size=1552,
         bf16_block_size=800,
         int8pth_block_size=1552,
@@ -104,7 +107,7 @@ def error_stats(output, reference) -> Dict[str, float]:
 
 
 def run_case(
-    ctx: bench.Context, config: AccuracyConfig, name: str, batch: Sequence[Tuple[int, int]], salt: int
+    ctx: Context, config: AccuracyConfig, name: str, batch: Sequence[Tuple[int, int]], salt: int
 ) -> Dict[str, Any]:
     import torch
 
@@ -112,7 +115,7 @@ def run_case(
     query_lens = [q for q, _ in batch]
     seq_lens = [s for _, s in batch]
     generator = ctx.generator(salt)
-    key, value, query = bench.realistic_qkv(sum(seq_lens), sum(query_lens), geometry, ctx.device, generator)
+    key, value, query = realistic_qkv(sum(seq_lens), sum(query_lens), geometry, ctx.device, generator)
     seq_offsets, query_offsets = [0], [0]
     for q, s in batch:
         seq_offsets.append(seq_offsets[-1] + s)
@@ -140,17 +143,17 @@ def run_case(
         "reference_max_abs": [float(r.abs().max()) for r in references],
         "contenders": {},
     }
-    for contender_name, contender, reason in bench.build_contenders(ctx, include_small=False):
+    for contender_name, contender, reason in build_contenders(ctx, include_small=False):
         if contender is None:
             case["contenders"][contender_name] = {"status": "skipped", "reason": reason}
-            bench.log(f"  {name} {contender_name}: skipped ({reason})")
+            log(f"  {name} {contender_name}: skipped ({reason})")
             continue
         record: Dict[str, Any] = {"status": "ok", "block_size": contender.block_size}
         try:
-            layout = bench.make_layout(seq_lens, contender.block_size, ctx.device, ctx.cpu_generator(salt + 1))
+            layout = make_layout(seq_lens, contender.block_size, ctx.device, ctx.cpu_generator(salt + 1))
             contender.allocate(layout)
-            bench.fill_cache(contender, layout, key, value, seq_offsets[:-1])
-            step = bench.make_step(layout, query_lens, seq_lens)
+            fill_cache(contender, layout, key, value, seq_offsets[:-1])
+            step = make_step(layout, query_lens, seq_lens)
             prepared = contender.prepare_step(step)
             output = torch.zeros_like(query)
             contender.attention(query, output, prepared)
@@ -185,10 +188,10 @@ def run_case(
             mean = sum(e["vs_original_kv"]["mean_abs_err"] for e in per_sequence) / len(per_sequence)
             record["max_abs_err"] = worst
             record["mean_abs_err"] = mean
-            bench.log(f"  {name} {contender_name}: max abs err {worst:.3e}, mean abs err {mean:.3e}")
+            log(f"  {name} {contender_name}: max abs err {worst:.3e}, mean abs err {mean:.3e}")
         except Exception as error:
-            record = bench.error_record(error)
-            bench.log(f"  {name} {contender_name}: ERROR {record['error']}")
+            record = error_record(error)
+            log(f"  {name} {contender_name}: ERROR {record['error']}")
         finally:
             contender.release()
         case["contenders"][contender_name] = record
@@ -209,7 +212,7 @@ def print_table(sections: Dict[str, Any]) -> None:
         case = data["case"]
         for name, record in case["contenders"].items():
             if record.get("status") != "ok":
-                lines.append(f"{section:<14} {'':<13} {name:<22} {bench._why(record)}")
+                lines.append(f"{section:<14} {'':<13} {name:<22} {why(record)}")
                 continue
             for entry in record["sequences"]:
                 errors = entry["vs_original_kv"]
@@ -217,7 +220,7 @@ def print_table(sections: Dict[str, Any]) -> None:
                 lines.append(
                     f"{section:<14} {str(entry['query_len']) + '/' + str(entry['seq_len']):<13} {name:<22} "
                     f"{errors['max_abs_err']:10.3e} {errors['mean_abs_err']:10.3e} {errors['rel_l2_err']:9.2e} "
-                    f"{bench._fmt(kernel_only, '16.3e')}"
+                    f"{fmt(kernel_only, '16.3e')}"
                 )
     print("\n".join(lines), flush=True)
 
@@ -240,15 +243,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     if args.out is None:
-        args.out = bench.REPO_ROOT / "reports" / ("kernel_accuracy_smoke.json" if args.smoke else "kernel_accuracy_h200.json")
-    # kernel_bench.Context reads these.
-    args.quick, args.no_bs16, args.rep_ms, args.warmup_ms = False, True, None, None
+        args.out = REPO_ROOT / "reports" / ("kernel_accuracy_smoke.json" if args.smoke else "kernel_accuracy_h200.json")
     return args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    bench.prepare_environment(args.smoke)
+    prepare_environment(args.smoke)
     import torch
 
     wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
@@ -259,15 +260,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # The reference must be true float32 (no TF32 tensor cores).
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
-    config = make_config(args)
-    bench_config = bench.make_config(args)
-    bench_config.geometry = config.geometry
-    bench_config.ours_block_size = config.ours_block_size
-    bench_config.ours_small_block_size = None
-    bench_config.bf16_block_size = config.bf16_block_size
-    bench_config.int8pth_block_size = config.int8pth_block_size
-    ctx = bench.Context(args, bench_config)
-    payload: Dict[str, Any] = {"meta": bench.environment_metadata(args, "bench/kernel_accuracy.py")}
+    config = make_config(args.smoke)
+    options = BenchOptions(smoke=args.smoke, no_bs16=True, rotation=args.rotation, seed=args.seed, out=args.out)
+    # The kernel benches' context with this study's geometry and block sizes (timing unused).
+    bench_config = dataclasses.replace(
+        make_bench_config(options),
+        geometry=config.geometry,
+        ours_block_size=config.ours_block_size,
+        bf16_block_size=config.bf16_block_size,
+        int8pth_block_size=config.int8pth_block_size,
+    )
+    ctx = Context(options, bench_config)
+    payload: Dict[str, Any] = {"meta": environment_metadata(args.smoke, "bench/kernel_accuracy.py")}
     payload["config"] = dataclasses.asdict(config)
     payload["kernels"] = {
         "ours": "ok" if ctx.ours else ctx.ours_error,
@@ -276,27 +280,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "vllm_int8pth": (ctx.vllm.int8pth_unavailable_reason or "available") if ctx.vllm else None,
     }
     payload["sections"] = {}
-    bench.log(f"kernel accuracy: sections {wanted}, smoke={args.smoke}; JSON -> {args.out}")
-    bench.write_json(args.out, payload)
+    log(f"kernel accuracy: sections {wanted}, smoke={args.smoke}; JSON -> {args.out}")
+    write_json(args.out, payload)
     cases = {
         "decode": [(1, context) for context in config.decode_contexts],
         "prefill_chunk": config.prefill_batch,
     }
-    with bench.cpu_capability_shim(args.smoke):
+    with cpu_capability_shim(args.smoke):
         for section in [s for s in ALL_SECTIONS if s in wanted]:
             started = time.time()
-            bench.log(f"{section}: batch {cases[section]} (query_len, seq_len)")
+            log(f"{section}: batch {cases[section]} (query_len, seq_len)")
             try:
                 salt = 500 + 10 * ALL_SECTIONS.index(section)
                 result = {"status": "ok", "case": run_case(ctx, config, section, cases[section], salt)}
             except Exception as error:
-                result = bench.error_record(error)
-                bench.log(f"section {section}: ERROR {result['error']}")
+                result = error_record(error)
+                log(f"section {section}: ERROR {result['error']}")
             result["seconds"] = round(time.time() - started, 1)
             payload["sections"][section] = result
-            bench.write_json(args.out, payload)
+            write_json(args.out, payload)
     print_table(payload["sections"])
-    bench.log(f"wrote {args.out}")
+    log(f"wrote {args.out}")
     return 0
 
 

@@ -6,7 +6,7 @@ measurements can settle: the KV tile (``block_n``), ``num_warps``, ``prefetch_ne
 (load tile i+1 while tile i is computed) and how many programs per SM the split policy aims
 for. This script times every combination on the Qwen3.5-27B attention geometry (one layer,
 24 q / 4 kv heads, D=256, block size 1552 as vLLM picks it for the hybrid model) through
-CUDA-graph replays with the L2 flushed, as ``bench/kernel_bench.py`` times decode, and
+CUDA-graph replays with the L2 flushed, as ``bench.kernel_bench`` times decode, and
 records for each configuration: time, read bandwidth and its fraction of the measured copy
 bandwidth, the largest output difference to the table's current configuration, and the
 compiled kernel's registers and spills. Copy the winners into the architecture's table.
@@ -14,8 +14,8 @@ compiled kernel's registers and spills. Copy the winners into the architecture's
 ``--profile-config BLOCK_N,WARPS,PREFETCH,PROGRAMS_PER_SM`` skips the sweep and runs that
 configuration a few times per case, untimed, for a profiler::
 
-    ncu --kernel-name regex:_decode_ --section SpeedOfLight --section Occupancy \\
-        python3 bench/tune_decode.py --profile-config 64,4,1,2 --cases 1x32768
+    ncu --kernel-name regex:decode_ --section SpeedOfLight --section Occupancy \\
+        python3 -m bench.tune_decode --profile-config 64,4,1,2 --cases 1x32768
 
 ``--smoke`` runs tiny shapes under ``TRITON_INTERPRET=1`` on the CPU (checks every
 configuration's output, times nothing).
@@ -32,11 +32,10 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from bench import kernel_bench as kb  # noqa: E402  (after the sys.path fix)
+from bench.kernel_core.contenders import OursContender
+from bench.kernel_core.inputs import fill_cache, make_layout, make_step, realistic_qkv
+from bench.kernel_core.records import bandwidth_fields, environment_metadata, error_record, fmt, log, write_json
+from bench.kernel_core.session import REPO_ROOT, BenchOptions, Context, make_config, prepare_environment, section_copy
 
 SWEEP_BLOCK_SIZE = 1552  # vLLM's hybrid block size for Qwen3.5-27B at 2080 bytes per token
 
@@ -112,14 +111,13 @@ def compiled_kernel_stats(jit_function) -> Dict[str, Dict[str, Any]]:
     return stats
 
 
-def bench_context(args: argparse.Namespace, smoke: bool) -> kb.Context:
-    """kernel_bench's context (quick config) with the cache block size this sweep uses."""
-    config = kb.make_config(
-        argparse.Namespace(smoke=smoke, quick=True, no_bs16=True, rep_ms=getattr(args, "rep_ms", None), warmup_ms=None)
-    )
-    block_size = args.block_size or (config.ours_block_size if smoke else SWEEP_BLOCK_SIZE)
+def bench_context(smoke: bool, seed: int, block_size: Optional[int], rep_ms: Optional[float]) -> Context:
+    """The kernel benches' context (quick config) with the cache block size this sweep uses."""
+    options = BenchOptions(smoke=smoke, quick=True, no_bs16=True, rep_ms=rep_ms, seed=seed)
+    config = make_config(options)
+    block_size = block_size or (config.ours_block_size if smoke else SWEEP_BLOCK_SIZE)
     config = dataclasses.replace(config, ours_block_size=block_size)
-    ctx = kb.Context(argparse.Namespace(smoke=smoke, seed=args.seed, time_budget_s=0), config)
+    ctx = Context(options, config)
     if ctx.ours is None:
         raise RuntimeError(f"our kernels failed to load: {ctx.ours_error}")
     return ctx
@@ -128,20 +126,20 @@ def bench_context(args: argparse.Namespace, smoke: bool) -> kb.Context:
 class DecodeCase:
     """One decode batch on a filled INT8 cache, callable under any launch variant."""
 
-    def __init__(self, ctx: kb.Context, batch: int, context: int, salt: int):
+    def __init__(self, ctx: Context, batch: int, context: int, salt: int):
         import torch
 
         self.ctx, self.batch, self.context = ctx, batch, context
         geometry = ctx.config.geometry
         self.geometry = geometry
         seq_lens = [context] * batch
-        key, value, query = kb.realistic_qkv(sum(seq_lens), batch, geometry, ctx.device, ctx.generator(salt))
-        self.contender = kb.OursContender(ctx.ours, geometry, ctx.config.ours_block_size, ctx.device)
-        layout = kb.make_layout(seq_lens, self.contender.block_size, ctx.device, ctx.cpu_generator(salt + 1))
+        key, value, query = realistic_qkv(sum(seq_lens), batch, geometry, ctx.device, ctx.generator(salt))
+        self.contender = OursContender(ctx.ours, geometry, ctx.config.ours_block_size, ctx.device)
+        layout = make_layout(seq_lens, self.contender.block_size, ctx.device, ctx.cpu_generator(salt + 1))
         self.contender.allocate(layout)
         offsets = [i * context for i in range(batch)]
-        kb.fill_cache(self.contender, layout, key, value, offsets)
-        self.step = kb.make_step(layout, [1] * batch, seq_lens)
+        fill_cache(self.contender, layout, key, value, offsets)
+        self.step = make_step(layout, [1] * batch, seq_lens)
         self.query = query
         self.output = torch.zeros_like(query)
         query_bytes = query.numel() * query.element_size()
@@ -159,12 +157,16 @@ class DecodeCase:
         return f"decode_b{self.batch}_ctx{self.context}"
 
 
-def run_variant(case: DecodeCase, variant: Optional[DecodeVariant], launch_configs, attention, reference) -> Dict[str, Any]:
+def run_variant(
+    case: DecodeCase, variant: Optional[DecodeVariant], launch_configs, attention, split_kernel, reference
+) -> Dict[str, Any]:
+    """Run and time ``case`` with ``variant`` (None: the table); ``split_kernel`` is the decode
+    kernel whose compiled variants are read for registers and spills."""
     import torch
 
     ctx = case.ctx
     record: Dict[str, Any] = {"variant": dataclasses.asdict(variant) if variant else "table", "status": "ok"}
-    before = set(compiled_kernel_stats(attention._decode_split_kernel))
+    before = set(compiled_kernel_stats(split_kernel))
     try:
         configs = variant_table(launch_configs, ctx.device, case.geometry.head_dim, variant)
         case.prepare(configs)
@@ -177,10 +179,10 @@ def run_variant(case: DecodeCase, variant: Optional[DecodeVariant], launch_confi
         stats = ctx.timer.graph(case, ctx.config.rep_ms)
         record["timing"] = stats
         record["time_us"] = stats.get("median_us")
-        record.update(kb.bandwidth_fields(ctx, stats.get("median_us"), case.bytes_read))
+        record.update(bandwidth_fields(ctx.copy_bw_gbps, stats.get("median_us"), case.bytes_read))
     except Exception as error:  # an invalid combination (e.g. out of shared memory) is a result too
-        record.update(kb.error_record(error))
-    new = {k: v for k, v in compiled_kernel_stats(attention._decode_split_kernel).items() if k not in before}
+        record.update(error_record(error))
+    new = {k: v for k, v in compiled_kernel_stats(split_kernel).items() if k not in before}
     if new:
         record["compiled"] = list(new.values())
     return record
@@ -189,12 +191,13 @@ def run_variant(case: DecodeCase, variant: Optional[DecodeVariant], launch_confi
 def sweep(args: argparse.Namespace) -> Dict[str, Any]:
     from govinda_patch.kernel_package import import_kernel
 
-    ctx = bench_context(args, args.smoke)
+    ctx = bench_context(args.smoke, args.seed, args.block_size, args.rep_ms)
     config = ctx.config
     launch_configs = import_kernel("launch_configs")
     attention = import_kernel("int8_paged_attention")
+    split_kernel = import_kernel("int8_decode_attention").decode_split_kernel
     payload: Dict[str, Any] = {
-        "meta": kb.environment_metadata(args, "bench/tune_decode.py"),
+        "meta": environment_metadata(args.smoke, "bench/tune_decode.py"),
         "table_key": launch_configs.arch_key(ctx.device),
         "table_decode_entry": dataclasses.asdict(
             launch_configs.get_launch_configs(ctx.device).decode_config(config.geometry.head_dim)
@@ -204,7 +207,7 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
         "cases": [],
     }
     if not args.smoke:
-        payload["copy"] = kb.section_copy(ctx)
+        payload["copy"] = section_copy(ctx)
     cases = parse_cases(args.cases) if not args.smoke else [(1, 300), (3, 200)]
     variants = [
         DecodeVariant(n, w, bool(pf), pps, st)
@@ -216,23 +219,23 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
     deadline = time.time() + args.time_budget_s if args.time_budget_s > 0 else None
     for index, (batch, context) in enumerate(cases):
         case = DecodeCase(ctx, batch, context, salt=500 + index)
-        kb.log(f"{case.name}: {len(variants)} variants, {case.bytes_read / 1e6:.1f} MB read per call")
-        table_record = run_variant(case, None, launch_configs, attention, None)
+        log(f"{case.name}: {len(variants)} variants, {case.bytes_read / 1e6:.1f} MB read per call")
+        table_record = run_variant(case, None, launch_configs, attention, split_kernel, None)
         reference = case.output.clone()
         case_record = {"case": case.name, "batch": batch, "context": context, "bytes_read": case.bytes_read,
                        "table": table_record, "variants": []}
         payload["cases"].append(case_record)
-        kb.log(f"  table config: {kb._fmt(table_record.get('time_us'), '.1f')} us")
+        log(f"  table config: {fmt(table_record.get('time_us'), '.1f')} us")
         for variant in variants:
             if deadline is not None and time.time() > deadline:
                 case_record["variants"].append({"variant": dataclasses.asdict(variant), "status": "skipped",
                                                 "reason": "time budget"})
                 continue
-            record = run_variant(case, variant, launch_configs, attention, reference)
+            record = run_variant(case, variant, launch_configs, attention, split_kernel, reference)
             case_record["variants"].append(record)
-            kb.log(f"  {variant.label}: {kb._fmt(record.get('time_us'), '.1f')} us "
-                   f"frac {kb._fmt(record.get('frac_of_copy_bw'), '.3f')} "
-                   f"diff {kb._fmt(record.get('max_abs_diff_vs_table'), '.2e')} "
+            log(f"  {variant.label}: {fmt(record.get('time_us'), '.1f')} us "
+                f"frac {fmt(record.get('frac_of_copy_bw'), '.3f')} "
+                f"diff {fmt(record.get('max_abs_diff_vs_table'), '.2e')} "
                    f"regs {[c.get('n_regs') for c in record.get('compiled', [])]} "
                    f"{record.get('error', '')}")
             if args.smoke and record["status"] == "ok" and record.get("max_abs_diff_vs_table", 0) > 1e-2:
@@ -244,7 +247,7 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
             case_record["best_time_us"] = best["time_us"]
             case_record["best_frac_of_copy_bw"] = best.get("frac_of_copy_bw")
         case.contender.release()
-        kb.write_json(args.out, payload)
+        write_json(args.out, payload)
     return payload
 
 
@@ -256,7 +259,7 @@ def profile(args: argparse.Namespace) -> None:
 
     block_n, warps, prefetch, pps = parse_ints(args.profile_config)
     variant = DecodeVariant(block_n, warps, bool(prefetch), pps)
-    ctx = bench_context(args, smoke=False)
+    ctx = bench_context(False, args.seed, args.block_size, args.rep_ms)
     config = ctx.config
     launch_configs = import_kernel("launch_configs")
     for index, (batch, context) in enumerate(parse_cases(args.cases)):
@@ -265,7 +268,7 @@ def profile(args: argparse.Namespace) -> None:
         for _ in range(3):
             case()
         torch.cuda.synchronize()
-        kb.log(f"profiled {case.name} with {variant.label}")
+        log(f"profiled {case.name} with {variant.label}")
         case.contender.release()
 
 
@@ -297,11 +300,11 @@ def print_summary(payload: Dict[str, Any]) -> None:
     for case in payload["cases"]:
         rows = sorted((r for r in case["variants"] if r.get("time_us")), key=lambda r: r["time_us"])
         table_time = case["table"].get("time_us")
-        print(f"\n{case['case']} ({case['bytes_read'] / 1e6:.1f} MB): table config {kb._fmt(table_time, '.1f')} us")
+        print(f"\n{case['case']} ({case['bytes_read'] / 1e6:.1f} MB): table config {fmt(table_time, '.1f')} us")
         for r in rows[:8]:
             variant = DecodeVariant(**r["variant"])
             regs = [c.get("n_regs") for c in r.get("compiled", [])]
-            print(f"  {variant.label:28s} {r['time_us']:8.1f} us  frac {kb._fmt(r.get('frac_of_copy_bw'), '.3f')}"
+            print(f"  {variant.label:28s} {r['time_us']:8.1f} us  frac {fmt(r.get('frac_of_copy_bw'), '.3f')}"
                   f"  splits {r.get('num_splits')}  regs {regs}")
 
 
@@ -325,16 +328,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    kb.prepare_environment(args.smoke)
+    prepare_environment(args.smoke)
     if args.profile_config:
         profile(args)
         return 0
     payload = sweep(args)
     payload["recommended"] = recommend(payload)
-    kb.write_json(args.out, payload)
+    write_json(args.out, payload)
     print_summary(payload)
     print(f"\nRECOMMENDED: {json.dumps(payload['recommended'])}")
-    kb.log(f"wrote {args.out}")
+    log(f"wrote {args.out}")
     return 0
 
 

@@ -10,19 +10,18 @@
 2. Times three tables on the same caches and inputs, interleaved per case: ``hand`` (the
    architecture's hand table, ``cuda_sm90`` on an H200), ``neutral`` (``cuda_default``,
    untuned) and ``tuned`` (``cuda_default`` with the tuned choice). Decode at batch 1 x
-   4K/16K/32K and batch 8 x 8K (CUDA-graph replays, L2 flushed: kernel_bench's timer),
+   4K/16K/32K and batch 8 x 8K (CUDA-graph replays, L2 flushed: the kernel benches' timer),
    prefill one-shot 6K and 24K (eager). Ratios tuned/hand and neutral/hand per case.
 
 ``--smoke``: tiny shapes on the CPU under ``TRITON_INTERPRET=1`` (tuning included), untimed.
 
-    PYTHONPATH=$PWD:/tmp/site python3 bench/tune_vs_table.py --out reports/h200/tune_vs_table_h200.json
+    PYTHONPATH=/tmp/site python3 -m bench.tune_vs_table --out reports/h200/tune_vs_table_h200.json
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import tempfile
@@ -30,11 +29,10 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from bench import kernel_bench as kb  # noqa: E402  (after the sys.path fix)
+from bench.kernel_core.contenders import OursContender
+from bench.kernel_core.inputs import fill_cache, make_layout, make_step, realistic_qkv
+from bench.kernel_core.records import environment_metadata, error_record, fmt, log, write_json
+from bench.kernel_core.session import REPO_ROOT, BenchOptions, Context, make_config, prepare_environment
 
 NEUTRAL_KEY = "cuda_default"
 SMOKE_KEY = "interpreter"  # the CPU smoke run tunes the interpreter's tiny tiles
@@ -83,17 +81,17 @@ def tables(launch_configs, device, head_dim: int, tuning: Dict[str, Any], neutra
     return found
 
 
-def time_case(ctx: kb.Context, name: str, seq_lens: List[int], query_lens: List[int], mode: str, candidates: Dict[str, Any], salt: int) -> Dict[str, Any]:
+def time_case(ctx: Context, name: str, seq_lens: List[int], query_lens: List[int], mode: str, candidates: Dict[str, Any], salt: int) -> Dict[str, Any]:
     import torch
 
     geometry = ctx.config.geometry
-    key, value, query = kb.realistic_qkv(sum(seq_lens), sum(query_lens), geometry, ctx.device, ctx.generator(salt))
-    contender = kb.OursContender(ctx.ours, geometry, ctx.config.ours_block_size, ctx.device)
-    layout = kb.make_layout(seq_lens, contender.block_size, ctx.device, ctx.cpu_generator(salt + 1))
+    key, value, query = realistic_qkv(sum(seq_lens), sum(query_lens), geometry, ctx.device, ctx.generator(salt))
+    contender = OursContender(ctx.ours, geometry, ctx.config.ours_block_size, ctx.device)
+    layout = make_layout(seq_lens, contender.block_size, ctx.device, ctx.cpu_generator(salt + 1))
     contender.allocate(layout)
     offsets = [sum(seq_lens[:i]) for i in range(len(seq_lens))]
-    kb.fill_cache(contender, layout, key, value, offsets)
-    step = kb.make_step(layout, query_lens, seq_lens)
+    fill_cache(contender, layout, key, value, offsets)
+    step = make_step(layout, query_lens, seq_lens)
     record: Dict[str, Any] = {"case": name, "seq_lens": seq_lens, "query_lens": query_lens, "timing": mode, "tables": {}}
     outputs = {}
     rep_ms = ctx.config.rep_ms if mode == "graph" else ctx.config.prefill_rep_ms
@@ -111,9 +109,9 @@ def time_case(ctx: kb.Context, name: str, seq_lens: List[int], query_lens: List[
             stats = ctx.timer.measure(mode, call, rep_ms)
             entry.update(time_us=stats.get("median_us"), stats=stats)
         except Exception as error:
-            entry.update(kb.error_record(error))
+            entry.update(error_record(error))
         record["tables"][label] = entry
-        kb.log(f"  {name} {label} ({configs.key}): {kb._fmt(entry.get('time_us'), '.1f')} us {entry.get('error', '')}")
+        log(f"  {name} {label} ({configs.key}): {fmt(entry.get('time_us'), '.1f')} us {entry.get('error', '')}")
     contender.release()
     if "hand" in outputs:
         record["max_abs_diff_vs_hand"] = {k: float((v.float() - outputs["hand"].float()).abs().max()) for k, v in outputs.items()}
@@ -129,8 +127,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     from govinda_patch import tuner
     from govinda_patch.kernel_package import import_kernel
 
-    config = kb.make_config(argparse.Namespace(smoke=args.smoke, quick=False, no_bs16=True, rep_ms=args.rep_ms, warmup_ms=None))
-    ctx = kb.Context(argparse.Namespace(smoke=args.smoke, seed=args.seed, time_budget_s=0), config)
+    options = BenchOptions(smoke=args.smoke, no_bs16=True, rep_ms=args.rep_ms, seed=args.seed)
+    config = make_config(options)
+    ctx = Context(options, config)
     if ctx.ours is None:
         raise RuntimeError(f"our kernels failed to load: {ctx.ours_error}")
     geometry = config.geometry
@@ -141,13 +140,13 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         block_size=config.ours_block_size,
         dtype="fp16" if geometry.dtype_name == "float16" else "bf16",
     )
-    payload: Dict[str, Any] = {"meta": kb.environment_metadata(args, "bench/tune_vs_table.py"), "shape": dataclasses.asdict(shape)}
+    payload: Dict[str, Any] = {"meta": environment_metadata(args.smoke, "bench/tune_vs_table.py"), "shape": dataclasses.asdict(shape)}
     cache_dir = Path(args.cache_dir or tempfile.mkdtemp(prefix="govinda-tune-bench-"))
-    kb.log(f"tuning {shape.key()} (budget {args.budget_s:g} s, cache {cache_dir})")
+    log(f"tuning {shape.key()} (budget {args.budget_s:g} s, cache {cache_dir})")
     neutral_key = SMOKE_KEY if args.smoke else NEUTRAL_KEY
     tuning = tune_like_a_first_start(shape, ctx.device, args.budget_s, cache_dir, neutral_key)
     payload["tuning"] = tuning
-    kb.log(f"first start paid {tuning['first_start_s']} s; later start {tuning['later_start_s']} s "
+    log(f"first start paid {tuning['first_start_s']} s; later start {tuning['later_start_s']} s "
            f"(from cache: {tuning['later_from_cache']}); {tuning['result'].get('label') or tuning['result'].get('reason')}")
     launch_configs = import_kernel("launch_configs")
     candidates = tables(launch_configs, ctx.device, geometry.head_dim, tuning, neutral_key)
@@ -159,10 +158,10 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     cases = []
     for index, (batch, context) in enumerate(decode_cases):
         cases.append(time_case(ctx, f"decode_b{batch}_ctx{context}", [context] * batch, [1] * batch, "graph", candidates, 100 + index))
-        kb.write_json(args.out, dict(payload, cases=cases))
+        write_json(args.out, dict(payload, cases=cases))
     for index, total in enumerate(prefill_totals):
         cases.append(time_case(ctx, f"prefill_{total}", [total], [total], "eager", candidates, 200 + index))
-        kb.write_json(args.out, dict(payload, cases=cases))
+        write_json(args.out, dict(payload, cases=cases))
     payload["cases"] = cases
     return payload
 
@@ -177,9 +176,9 @@ def print_table(payload: Dict[str, Any]) -> None:
     for case in payload["cases"]:
         t = case["tables"]
         r = case["ratio_vs_hand"]
-        print(f"| {case['case']} | {kb._fmt(t.get('hand', {}).get('time_us'), '.1f')} | "
-              f"{kb._fmt(t.get('neutral', {}).get('time_us'), '.1f')} | {kb._fmt(t.get('tuned', {}).get('time_us'), '.1f')} | "
-              f"{kb._fmt(r.get('tuned'), '.3f')} | {kb._fmt(r.get('neutral'), '.3f')} |")
+        print(f"| {case['case']} | {fmt(t.get('hand', {}).get('time_us'), '.1f')} | "
+              f"{fmt(t.get('neutral', {}).get('time_us'), '.1f')} | {fmt(t.get('tuned', {}).get('time_us'), '.1f')} | "
+              f"{fmt(r.get('tuned'), '.3f')} | {fmt(r.get('neutral'), '.3f')} |")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -195,11 +194,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    kb.prepare_environment(args.smoke)
+    prepare_environment(args.smoke)
     payload = run(args)
-    kb.write_json(args.out, payload)
+    write_json(args.out, payload)
     print_table(payload)
-    kb.log(f"wrote {args.out}")
+    log(f"wrote {args.out}")
     return 0 if payload["tuning"]["result"].get("ok") else 1
 
 

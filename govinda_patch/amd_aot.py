@@ -93,12 +93,12 @@ def variants(head_dim: int, *, with_candidates: bool = True) -> list[Variant]:
 
 def _kernel_kind(launch: CapturedLaunch) -> str:
     name = launch.name
-    if name == "_decode_split_kernel":
+    if name == "decode_split_kernel":
         return "decode_write" if launch.kwargs.get("WRITE_OUTPUT") else "decode_split"
     return {
         "_store_kv_int8_kernel": "store",
-        "_decode_reduce_kernel": "decode_reduce",
-        "_prefill_kernel": "prefill",
+        "decode_reduce_kernel": "decode_reduce",
+        "prefill_attention_kernel": "prefill",
         "_gather_kv_kernel": "gather",
         "_rotate_token_rows_kernel": "rotate",  # the rotated prefill's pre/post pass
     }.get(name, name)

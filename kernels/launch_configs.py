@@ -18,6 +18,11 @@ Keys:
 
 ``GOVINDA_KERNEL_ARCH=<key>`` overrides the detection (experiments, or a DCU that reports an
 unexpected ``gcnArchName``).
+
+The tables are read-only (``ARCH_TABLES`` and each table's per-head_dim maps): a variant --
+the self-tuner's pick, a sweep's candidate -- is a new table (``dataclasses.replace``,
+:func:`with_choice`) passed to the launch functions as ``configs``. Each entry's comment says
+why it is what it is and where its measurement lives; the numbers stay in the reports.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import asdict, dataclass, field, replace
+from types import MappingProxyType
 from typing import Mapping, Optional, Tuple
 
 import torch
@@ -103,6 +109,11 @@ class ArchLaunchConfigs:
     # The gather-dequantize kernel (kernels/int8_kv_gather.py): block_n KV tokens per program.
     gather: KernelConfig = field(default_factory=lambda: KernelConfig(block_n=32, num_warps=4))
 
+    def __post_init__(self) -> None:
+        # Read-only views (a copy: the caller's dict stays the caller's).
+        object.__setattr__(self, "prefill", MappingProxyType(dict(self.prefill)))
+        object.__setattr__(self, "decode", MappingProxyType(dict(self.decode)))
+
     def prefill_config(self, head_dim: int) -> KernelConfig:
         return _by_head_dim(self.prefill, head_dim)
 
@@ -118,23 +129,23 @@ def _by_head_dim(table: Mapping[int, KernelConfig], head_dim: int) -> KernelConf
     return table[min(larger)] if larger else table[max(table)]
 
 
-ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = {
+ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = MappingProxyType({
     "cuda_sm90": ArchLaunchConfigs(
         key="cuda_sm90",
-        # tune: prefill tiles and stages (wgmma wants block_m >= 64 per warpgroup). D=256 measured
-        # on an H200 (one 12K-token prompt, 24/4 heads): 128x64, 8 warps, 2 stages was the best
-        # of block_m {64,128} x block_n {32,64,128} x warps {4,8} x stages {2,3} (6.7 ms; 64x64 /
-        # 4 warps 7.0 ms; 4 warps with block_m 128 spills badly). D <= 128: untuned.
+        # Prefill (when GOVINDA_PREFILL_KERNEL picks ours): wgmma wants block_m >= 64 per
+        # warpgroup, and a 128-row tile needs 8 warps (with 4 it spills). D=256 is the winner of
+        # an H200 sweep of block_m x block_n x warps x stages on one 12K prompt (sweep data not
+        # committed; reports/h200/kernel_bench_h200.json times this entry). D <= 128: untuned.
         prefill={
             64: KernelConfig(block_m=128, block_n=64, num_warps=4, num_stages=3),
             128: KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3),
             256: KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=2),
         },
-        # tune: decode block_n / stages together with decode_splits.programs_per_sm. Measured on
-        # an H200 (D=256, 24/4 heads, batch 1, 16K/32K): block_n 64, 4 warps, no cp.async stages,
-        # 2 programs per SM was the best of block_n {16,32,64,128} x warps {4,8} x stages {1,2,3}
-        # x programs_per_sm {2,4,8} (more warps or stages raise register pressure and lose);
-        # D <= 128 entries are extrapolated (fewer bytes per token).
+        # Decode is bandwidth-bound and register-limited (reports/h200/ncu_decode_32k.txt): one
+        # 64-token tile per 4-warp program, no cp.async stages; more warps or stages raise
+        # register pressure and lose. D=256: bench/tune_decode.py's pick
+        # (reports/h200/tune_decode_h200.json, "recommended"). D <= 128: extrapolated (fewer bytes
+        # per token, so D=64 takes a wider tile).
         decode={
             64: KernelConfig(block_n=128, num_warps=4, num_stages=1),
             128: KernelConfig(block_n=64, num_warps=4, num_stages=1),
@@ -143,20 +154,21 @@ ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = {
         # block_m >= max_splits: the reduce reads all splits in one pass.
         reduce=KernelConfig(block_m=256, block_n=32, num_warps=4),
         store=KernelConfig(num_warps=2),
-        # Re-measured 2026-11-30 with bench/tune_decode.py (reports/h200/tune_decode_h200.json):
-        # block_n {32,64,128} x warps {4,8} x prefetch_next_tile x programs_per_sm {1,2,4}. Batch 1
-        # keeps 64/4 warps/2 per SM (16K: 32.6 us; 4 per SM 34.0 us). Batch 8 x 8K wants more
-        # splits: 4 per SM 91.8 us vs 108.9 us. prefetch_next_tile lost everywhere (the second
-        # tile in registers pushes 4-warp programs to 255 registers and spills).
+        # reports/h200/tune_decode_h200.json: batch 1 is fastest at 2 programs per SM, a batch of
+        # 8 wants more splits (4 per SM); prefetch_next_tile stays off on sm90 (a second tile in
+        # registers spills: the "compiled" fields of that report).
         decode_splits=DecodeSplitPolicy(
             programs_per_sm=2, max_splits=256, min_tiles_per_split=1, batched_programs_per_sm=4
         ),
         default_sm_count=132,
-        # FA3 bf16 prefill runs at ~2.5x our Triton prefill on the H200 (reports/h200/fa3-line.md).
+        # FA3 bf16 (after gather-dequantize) prefills faster than our Triton kernel on the H200:
+        # reports/h200/fa3-line.md, raw runs in reports/h200/kernel_bench_fa3_h200.json.
         prefill_kernel="fa3",
     ),
     "cuda_default": ArchLaunchConfigs(
         key="cuda_default",
+        # Untuned and conservative: 2 stages of 64x64 tiles fit the ~100 KB of shared memory of
+        # consumer parts; the self-tuner (GOVINDA_TUNE) refines them per model shape.
         prefill={
             64: KernelConfig(block_m=64, block_n=64, num_warps=4, num_stages=2),
             128: KernelConfig(block_m=64, block_n=64, num_warps=4, num_stages=2),
@@ -201,6 +213,7 @@ ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = {
     ),
     "rocm_default": ArchLaunchConfigs(
         key="rocm_default",
+        # RDNA (wave32) is not compiled by the gate: the smallest tiles that are safe anywhere.
         prefill={
             64: KernelConfig(block_m=32, block_n=32, num_warps=4, num_stages=1),
             128: KernelConfig(block_m=32, block_n=32, num_warps=4, num_stages=1),
@@ -229,7 +242,7 @@ ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = {
         # Smaller than the test block sizes: gather tiles straddle pages.
         gather=KernelConfig(block_n=16, num_warps=4, num_stages=1),
     ),
-}
+})
 
 
 def interpreting() -> bool:

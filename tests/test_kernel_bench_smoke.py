@@ -1,6 +1,7 @@
 """CPU smoke runs of the H200 kernel benchmark and accuracy scripts (``--smoke``).
 
-Both scripts run tiny shapes under ``TRITON_INTERPRET=1`` with this interpreter's vLLM. The
+Each runs as ``python -m bench.<module>`` from the repo root, as documented. Both scripts run
+tiny shapes under ``TRITON_INTERPRET=1`` with this interpreter's vLLM. The
 tests check that every contender the installed vLLM offers was called with valid arguments,
 that a contender this vLLM lacks (``int8_per_token_head`` before 0.26) is skipped with a
 recorded reason, and that our kernels produce finite output close to the references.
@@ -20,7 +21,10 @@ import pytest
 from packaging.version import Version
 
 REPO = Path(__file__).resolve().parent.parent
-KERNEL_FILES = [REPO / "kernels" / name for name in ("int8_kv_store.py", "int8_paged_attention.py")]
+KERNEL_FILES = [
+    REPO / "kernels" / name
+    for name in ("int8_kv_store.py", "int8_paged_attention.py", "int8_decode_attention.py", "int8_prefill_attention.py")
+]
 
 pytestmark = pytest.mark.skipif(
     not all(path.exists() for path in KERNEL_FILES), reason="Govinda's INT8 kernels are not in kernels/ yet"
@@ -51,16 +55,16 @@ def _vllm_loaded(payload: dict) -> bool:
     return loaded
 
 
-def _run_script(script: str, out: Path, env: dict, *extra: str) -> dict:
+def _run_script(module: str, out: Path, env: dict, *extra: str) -> dict:
     completed = subprocess.run(
-        [sys.executable, str(REPO / "bench" / script), "--smoke", "--out", str(out), *extra],
+        [sys.executable, "-m", f"bench.{module}", "--smoke", "--out", str(out), *extra],
         env=env,
         cwd=str(REPO),
         capture_output=True,
         text=True,
         timeout=600,
     )
-    assert completed.returncode == 0, f"{script} failed\n{completed.stdout[-4000:]}\n{completed.stderr[-4000:]}"
+    assert completed.returncode == 0, f"{module} failed\n{completed.stdout[-4000:]}\n{completed.stderr[-4000:]}"
     return json.loads(out.read_text())
 
 
@@ -98,12 +102,12 @@ def _child_env(cache_dir: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def bench_payload(tmp_path_factory, cache_dir):
-    return _run_script("kernel_bench.py", tmp_path_factory.mktemp("bench") / "bench.json", _child_env(cache_dir))
+    return _run_script("kernel_bench", tmp_path_factory.mktemp("bench") / "bench.json", _child_env(cache_dir))
 
 
 @pytest.fixture(scope="module")
 def accuracy_payload(tmp_path_factory, cache_dir):
-    return _run_script("kernel_accuracy.py", tmp_path_factory.mktemp("accuracy") / "accuracy.json", _child_env(cache_dir))
+    return _run_script("kernel_accuracy", tmp_path_factory.mktemp("accuracy") / "accuracy.json", _child_env(cache_dir))
 
 
 @NOT_PORTED_TO_033
@@ -157,7 +161,7 @@ def test_bench_smoke_structure_and_our_outputs(bench_payload):
 def test_fa3_line_smoke_skips_fa3_off_gpu_and_measures_our_error(tmp_path, cache_dir):
     """--fa3 (prefill cases only, to stay cheap): FA3 and our FA3 prefill are skipped with the
     reason on a CPU; our kernels run and get an error against fp32 attention on the original K/V."""
-    payload = _run_script("kernel_bench.py", tmp_path / "fa3.json", _child_env(cache_dir), "--fa3", "--sections", "prefill")
+    payload = _run_script("kernel_bench", tmp_path / "fa3.json", _child_env(cache_dir), "--fa3", "--sections", "prefill")
     config = payload["config"]
     fa3, ours = f"fa3_bf16_bs{config['bf16_block_size']}", f"ours_bs{config['ours_block_size']}"
     cases = payload["sections"]["prefill"]["cases"]
@@ -206,11 +210,11 @@ def test_accuracy_smoke_errors_are_finite_and_small(accuracy_payload):
 
 
 def test_decode_tuning_sweep_smoke(tmp_path, base_env):
-    """bench/tune_decode.py: every variant (both loop forms, two split policies) runs under the
+    """bench.tune_decode: every variant (both loop forms, two split policies) runs under the
     interpreter and matches the table configuration's output."""
     out = tmp_path / "tune.json"
     completed = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "tune_decode.py"), "--smoke", "--block-n", "16",
+        [sys.executable, "-m", "bench.tune_decode", "--smoke", "--block-n", "16",
          "--warps", "4", "--prefetch", "0,1", "--programs-per-sm", "1,2", "--out", str(out)],
         env=base_env, cwd=str(REPO), capture_output=True, text=True, timeout=600,
     )

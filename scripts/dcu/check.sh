@@ -9,7 +9,7 @@
 #   2. shape           the model's attention shape for the tuner (scripts/dcu/model_shape.py)
 #   3. tune            the self-tuner for that shape, through the cache every server process reads
 #                      (GOVINDA_TUNE=auto: reuse a cached choice; set GOVINDA_TUNE=force to redo)
-#   4. kernel_bench    bench/kernel_bench.py: our kernels vs vLLM's TRITON_ATTN bf16 (and INT8)
+#   4. kernel_bench    python -m bench.kernel_bench: our kernels vs vLLM's TRITON_ATTN bf16 (and INT8)
 #   5. ab              bench/ab.py: the locked serve command (scripts/start_vllm_bench.sh), stock
 #                      (GOVINDA_DISABLE=1) vs overlay, 6K/12K/24K prompts x 256 output tokens
 #   6. summary.md      scripts/dcu/summarize.py, from the files above
@@ -95,7 +95,7 @@ else
     else
         skip tune "no shape (see shape.log)"
     fi
-    run kernel_bench "$out/kernel_bench.txt" "$py" bench/kernel_bench.py --out "$out/kernel_bench.json"
+    run kernel_bench "$out/kernel_bench.txt" "$py" -m bench.kernel_bench --out "$out/kernel_bench.json"
     if [ "$skip_ab" = 1 ]; then
         skip ab "--skip-ab"
     else

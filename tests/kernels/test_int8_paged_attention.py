@@ -106,7 +106,7 @@ class Batch:
     def softmax_scale(self):
         return self.head_dim**-0.5
 
-    def run(self, workspace=None, output=None):
+    def run(self, workspace=None, output=None, configs=None):
         if output is None:
             output = torch.full((self.num_tokens, self.num_q_heads, self.head_dim), SENTINEL, dtype=self.dtype)
         attention.paged_attention_int8(
@@ -123,6 +123,7 @@ class Batch:
             max_seq_len=max(self.seq_lens),
             num_decodes=self.num_decodes,
             workspace=workspace,
+            configs=configs,
             rotation=self.rotation,
         )
         return output
@@ -326,14 +327,14 @@ def test_preallocated_workspace_is_reused_and_checked():
 
 
 @pytest.mark.parametrize("prefetch_next_tile", [False, True], ids=["load_in_loop", "prefetch_next_tile"])
-def test_decode_tile_loop_variants_match_reference(monkeypatch, prefetch_next_tile):
+def test_decode_tile_loop_variants_match_reference(prefetch_next_tile):
     """Both decode loop forms (the launch table picks one per architecture): splits with one
     tile, several tiles, a split whose range ends mid-sequence, and an empty split."""
     import dataclasses
 
     table = launch_configs.ARCH_TABLES["interpreter"]
     decode = {d: dataclasses.replace(c, prefetch_next_tile=prefetch_next_tile) for d, c in table.decode.items()}
-    monkeypatch.setitem(launch_configs.ARCH_TABLES, "interpreter", dataclasses.replace(table, decode=decode))
+    configs = dataclasses.replace(table, decode=decode)  # passed to the launch: the table stays as it is
     batch = Batch(
         num_q_heads=6,
         num_kv_heads=2,
@@ -344,7 +345,7 @@ def test_decode_tile_loop_variants_match_reference(monkeypatch, prefetch_next_ti
         num_decodes=3,
         seed=21,
     )
-    assert_matches_reference(batch, batch.run())
+    assert_matches_reference(batch, batch.run(configs=configs))
 
 
 def test_split_policy_fills_the_gpu_and_can_differ_for_batched_steps():

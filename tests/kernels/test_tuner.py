@@ -120,6 +120,10 @@ def test_with_choice_builds_a_new_table_and_changes_the_launch():
     choice = lc.TunedChoice(K(block_n=16), K(block_m=32, block_n=16), replace(TABLE.decode_splits, programs_per_sm=1))
     tuned = lc.with_choice(TABLE, 64, choice)
     assert dict(lc.ARCH_TABLES) == before and lc.ARCH_TABLES["interpreter"].decode_config(64) == K(block_n=32)
+    with pytest.raises(TypeError):  # the tables are read-only: a variant is a new table, passed in
+        lc.ARCH_TABLES["interpreter"] = tuned
+    with pytest.raises(TypeError):
+        lc.ARCH_TABLES["interpreter"].decode[64] = K(block_n=16)
     assert tuned.decode_config(64) == K(block_n=16) and tuned.prefill_config(64) == K(block_m=32, block_n=16)
     assert tuned.decode_config(128) == TABLE.decode_config(128)  # other head sizes untouched
     assert lc.TunedChoice.from_json(json.loads(json.dumps(choice.to_json()))) == choice
