@@ -44,5 +44,5 @@ while [ "$#" -gt 0 ]; do
 done
 # --stop-grace 10: vLLM 0.26 does not exit on SIGTERM within 30 s; the default grace only waits.
 # shellcheck disable=SC2086
-python3 bench/ab.py --sides "$sides" --model "$model" $only \
+python3 -m bench.ab --sides "$sides" --model "$model" $only \
     --stop-grace 10 --report-dir "$OUT_DIR" --log-dir "$OUT_DIR" "$@"
