@@ -79,7 +79,6 @@ import dataclasses
 import json
 import os
 import platform
-import shutil
 import signal
 import subprocess
 import sys
@@ -88,36 +87,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from bench import ab_report, serve_tiers, server
-from bench.ab_config import REPO_ROOT, WORKLOADS, AbConfig, Overrides, build_config, parse_side_flag
+from bench import ab_report, provenance, serve_tiers, server
+from bench.ab_config import WORKLOADS, AbConfig, Overrides, build_config, parse_side_flag
 from bench.ab_side import log, run_side, side_port
 
 SCHEMA = "govinda.ab/1"
-
-
-def repo_state() -> Dict[str, Any]:
-    def git(*words):
-        try:
-            return subprocess.run(
-                ["git", *words], cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=10
-            ).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    return {"commit": git("rev-parse", "--verify", "-q", "HEAD") or None, "dirty": bool(git("--no-optional-locks", "status", "--porcelain"))}
-
-
-def _device_info() -> Dict[str, str]:
-    info = {}
-    for tool, words in (("nvidia-smi", ["--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]),
-                        ("rocm-smi", ["--showproductname"]),
-                        ("hy-smi", [])):
-        if shutil.which(tool):
-            try:
-                info[tool] = subprocess.run([tool, *words], capture_output=True, text=True, timeout=20).stdout.strip()[:2000]
-            except (OSError, subprocess.SubprocessError) as exc:
-                info[tool] = f"error: {exc}"
-    return info
 
 
 def run_ab(config: AbConfig, only: Optional[List[str]] = None, merge_with: Optional[str] = None) -> Dict[str, Any]:
@@ -134,8 +108,8 @@ def run_ab(config: AbConfig, only: Optional[List[str]] = None, merge_with: Optio
     this_run = {
         "date": datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
         "host": {"node": platform.node(), "python": platform.python_version()},
-        "repo": repo_state(),
-        "device": _device_info(),
+        "repo": provenance.repo_state(),
+        "device": provenance.device_info(),
         "inherited_govinda_env": {k: v for k, v in os.environ.items() if k.startswith("GOVINDA_")},
     }
     result: Dict[str, Any] = {
@@ -240,8 +214,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 def overrides_from_args(args: argparse.Namespace) -> Overrides:
     bench = {key: getattr(args, key) for key in serve_tiers.TIER_FLAGS + ("tokenizer",) if getattr(args, key) is not None}
-    if len(bench.get("max_concurrency") or [None, None]) == 1:
-        bench["max_concurrency"] = bench["max_concurrency"][0]
+    concurrency = bench.get("max_concurrency")
+    if concurrency is not None and len(concurrency) == 1:  # one value stays a plain int, as in a sides file
+        bench["max_concurrency"] = concurrency[0]
     return Overrides(
         sides_file=args.sides,
         sides=[parse_side_flag(words) for words in args.side] if args.side else None,

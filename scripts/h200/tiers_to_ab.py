@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench import ab, ab_report
+from bench import ab, ab_report, provenance
 
 
 def main() -> int:
@@ -41,7 +41,7 @@ def main() -> int:
         "schema": ab.SCHEMA, "name": args.name, "baseline": sides[0]["name"],
         "config": {"model": args.model, "server_command": args.command.split(), "sla_factor": 1.5, "min_completion": 0.99,
                    "bench": {k: first_bench.get(k) for k in ("num_prompts", "output_len", "max_concurrency")}},
-        "date": sides[0]["measured"]["date"], "host": {"node": "H200 device machine"}, "repo": ab.repo_state(),
+        "date": sides[0]["measured"]["date"], "host": {"node": "H200 device machine"}, "repo": provenance.repo_state(),
         "runs": [], "sides": sides,
     }
     paths = ab_report.write_reports(result, Path(args.out_dir))
