@@ -1,16 +1,15 @@
-#!/usr/bin/env python3
 """Greedy-continuation agreement between two OpenAI-compatible servers (e.g. overlay off vs on).
 
 Collect one side (a running server)::
 
-    python bench/greedy_agreement.py --url http://127.0.0.1:8012 --out off.json [--max-tokens 64]
+    python -m bench.greedy_agreement --url http://127.0.0.1:8012 --out off.json [--max-tokens 64]
         [--prompts-file prompts.json] [--repeats 2]
 
 Compare two collected sides (the first is the baseline)::
 
-    python bench/greedy_agreement.py compare off.json on.json [--json cmp.json] [--md cmp.md]
+    python -m bench.greedy_agreement compare off.json on.json [--json cmp.json] [--md cmp.md]
 
-``bench/ab.py`` runs the collection for every side with ``bench: {workload: greedy, ...}``.
+``python -m bench.ab`` runs the collection for every side with ``bench: {workload: greedy, ...}``.
 
 Each prompt goes to ``/v1/completions`` as plain text (no chat template), one request at a time
 (so both sides decode with the same batch shape), with ``temperature: 0`` (greedy),
@@ -56,11 +55,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-try:
-    from bench import openai_http
-except ImportError:  # run as a script: bench/ is on sys.path, the repo root may not be
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from bench import openai_http
+import numpy as np
+
+from bench import openai_http
 
 SCHEMA = "govinda.greedy/1"
 COMPARISON_SCHEMA = "govinda.greedy_comparison/1"
@@ -359,7 +356,7 @@ def compare_teacher_forced(baseline: List[Dict[str, Any]], other: List[Dict[str,
         "perplexity_ratio_minus_1": math.exp((nll_side - nll_baseline) / positions) - 1.0,
         "mean_abs_true_logprob_delta": abs_delta / positions,
         "flips": len(flip_margins),
-        "flip_baseline_margin_median": flip_margins[len(flip_margins) // 2] if flip_margins else None,
+        "flip_baseline_margin_median": float(np.median(flip_margins)) if flip_margins else None,
         "flip_baseline_margin_max": flip_margins[-1] if flip_margins else None,
     }
 

@@ -1,6 +1,10 @@
 """The one HTTP core of our own OpenAI-API clients (greedy agreement, teacher-forced scoring, the
 A/B runner's health check): JSON over urllib, never through a proxy (the servers are local).
 
+urllib rather than aiohttp: these clients send one request at a time and wait for its answer (the
+greedy comparison must not batch), so an event loop buys nothing, and the standard library needs
+no declaration. aiohttp remains only where something serves: the tests' fake OpenAI server.
+
 Timing benchmarks do not go through here: they run ``vllm bench serve`` (bench/serve_tiers.py).
 """
 

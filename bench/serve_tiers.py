@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The scoring tiers through vLLM's own client: one ``vllm bench serve`` run per input length.
 
 Workload: random dataset at each tier's input length, ``--random-output-len`` (256) tokens,
@@ -23,7 +22,7 @@ its own seed (not saved), and every tier gets a seed of its own: prompts of two 
 otherwise start with the same tokens. The same seed and tokenizer give the same prompts, so the
 sides of an A/B run see identical inputs.
 
-    python bench/serve_tiers.py --base-url http://127.0.0.1:8000 --tokenizer /path/to/model \
+    python -m bench.serve_tiers --base-url http://127.0.0.1:8000 --tokenizer /path/to/model \
         --result-file out.json
 """
 
@@ -262,6 +261,29 @@ def parse_int_list(text: str) -> List[int]:
     return values
 
 
+# The tier flags the A/B runner passes on (with defaults None there: "not given, keep the file's").
+TIER_FLAGS = ("input_lens", "output_len", "num_prompts", "max_concurrency", "warmup_requests", "seed")
+
+
+def add_tier_arguments(p: argparse.ArgumentParser, defaults: Optional[BenchConfig]) -> None:
+    """The workload flags of TIER_FLAGS; defaults None: every one defaults to None."""
+    def default(name):
+        if defaults is None:
+            return None
+        value = getattr(defaults, name)
+        return [value] if name == "max_concurrency" and not isinstance(value, list) else value
+
+    p.add_argument("--input-lens", type=parse_int_list, default=default("input_lens"),
+                   help="comma list of input lengths in tokens, K = 1024 (default 6K,12K,24K)")
+    p.add_argument("--output-len", type=int, default=default("output_len"))
+    p.add_argument("--num-prompts", type=int, default=default("num_prompts"), help="requests per tier")
+    p.add_argument("--max-concurrency", type=int, nargs="+", default=default("max_concurrency"),
+                   help="one or more; each input length runs at each (num_prompts per slot)")
+    p.add_argument("--warmup-requests", type=int, default=default("warmup_requests"),
+                   help="requests of the warm-up run of the tool (default 1)")
+    p.add_argument("--seed", type=int, default=default("seed"))
+
+
 def build_arg_parser() -> argparse.ArgumentParser:
     d = BenchConfig()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -269,15 +291,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--endpoint", default=d.endpoint)
     p.add_argument("--model", default=None, help="model name for requests (default: first of /v1/models)")
     p.add_argument("--tokenizer", required=True, help="the served model's directory (prompts are built with it)")
-    p.add_argument("--input-lens", type=parse_int_list, default=list(DEFAULT_INPUT_LENS),
-                   help="comma list of input lengths in tokens, K = 1024 (default 6K,12K,24K)")
-    p.add_argument("--output-len", type=int, default=d.output_len)
-    p.add_argument("--num-prompts", type=int, default=d.num_prompts, help="requests per tier")
-    p.add_argument("--max-concurrency", type=int, nargs="+", default=[d.max_concurrency],
-                   help="one or more; each input length runs at each (num_prompts per slot)")
-    p.add_argument("--warmup-requests", type=int, default=d.warmup_requests)
+    add_tier_arguments(p, defaults=d)
     p.add_argument("--warmup-input-len", type=int, default=None)
-    p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--percentiles", default="50,90,99", help="comma list, reported as pNN_<metric>_ms")
     p.add_argument("--vllm-command", default=None, help="how to run vLLM's CLI (shell words)")
     p.add_argument("--work-dir", default=None, help="the tool's saved results and output")

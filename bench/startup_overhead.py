@@ -5,7 +5,7 @@ with the repo on PYTHONPATH (interleaved, so machine noise hits both sides alike
 median wall time of each side, the added time and the ratio. Targets: <= 10 ms added to
 ``python -c pass``; <= 5 % added to ``import vllm``.
 
-    python bench/startup_overhead.py [--runs-pass 40] [--runs-vllm 9] [--out reports/startup_overhead.json]
+    python -m bench.startup_overhead [--runs-pass 40] [--runs-vllm 9] [--out reports/startup_overhead.json]
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 TARGETS = {"pass": ("added_ms", 10.0), "import vllm": ("ratio_pct", 5.0)}
@@ -45,7 +46,7 @@ def measure(code: str, runs: int) -> dict:
         order = (False, True) if i % 2 == 0 else (True, False)
         for side in order:
             (with_overlay if side else without).append(_time_once(code, _env(side)))
-    base, over = statistics.median(without), statistics.median(with_overlay)
+    base, over = float(np.median(without)), float(np.median(with_overlay))
     return {
         "runs": runs,
         "median_without_s": base,

@@ -377,19 +377,18 @@ def test_ab_greedy_marks_a_side_with_problems_invalid(tmp_path):
 
 
 def test_ab_greedy_config_validation(tmp_path):
-    parse = ab.build_arg_parser().parse_args
     common = ["--side", "a", "X=1", "--side", "b", "X=2", "--model", "m"]
-    config = ab.build_config(parse(common + ["--workload", "greedy"]))
+    config = ab.parse_config(common + ["--workload", "greedy"])
     assert config.workload() == "greedy" and config.bench == {"workload": "greedy"}
-    assert ab.build_config(parse(common)).workload() == "tiers"
+    assert ab.parse_config(common).workload() == "tiers"
     with pytest.raises(ValueError, match="tiers workload only"):
-        ab.build_config(parse(common + ["--workload", "greedy", "--output-len", "8"]))
+        ab.parse_config(common + ["--workload", "greedy", "--output-len", "8"])
     for bench, message in (({"workload": "greedy", "input_lens": [16]}, "unknown keys"),
                            ({"workload": "beam"}, "unknown workload"),
                            ({"max_tokens": 8}, "unknown keys")):  # greedy keys need workload: greedy
         sides = _sides_file(tmp_path, {"model": "m", "bench": bench, "sides": [{"name": "a"}, {"name": "b"}]})
         with pytest.raises(ValueError, match=message):
-            ab.build_config(parse(["--sides", sides]))
+            ab.parse_config(["--sides", sides])
 
 
 # ----------------------------------------------------------------------------- H200 sides file
@@ -397,7 +396,7 @@ def test_ab_greedy_config_validation(tmp_path):
 
 def test_smollm2_sides_file(tmp_path):
     path = REPO_ROOT / "scripts" / "h200" / "ab_smollm2_agreement.yaml"
-    config = ab.build_config(ab.build_arg_parser().parse_args(["--sides", str(path)]))
+    config = ab.parse_config(["--sides", str(path)])
     assert config.workload() == "greedy" and config.bench["max_tokens"] == 64
     assert config.model == "/tmp/smollm2-hf" and config.port == 8012 and config.health_timeout_s == 300
     assert config.server_command == ["scripts/start_vllm_dev.sh"]
@@ -424,10 +423,8 @@ def test_smollm2_sides_file(tmp_path):
 
 
 def test_smollm2_fp16_sides_file():
-    bf16 = ab.build_config(ab.build_arg_parser().parse_args(
-        ["--sides", str(REPO_ROOT / "scripts" / "h200" / "ab_smollm2_agreement.yaml")]))
-    fp16 = ab.build_config(ab.build_arg_parser().parse_args(
-        ["--sides", str(REPO_ROOT / "scripts" / "h200" / "ab_smollm2_agreement_fp16.yaml")]))
+    bf16 = ab.parse_config(["--sides", str(REPO_ROOT / "scripts" / "h200" / "ab_smollm2_agreement.yaml")])
+    fp16 = ab.parse_config(["--sides", str(REPO_ROOT / "scripts" / "h200" / "ab_smollm2_agreement_fp16.yaml")])
     # The same model, workload and launcher as the bf16 run; only the dtype differs.
     assert fp16.server_args == bf16.server_args + ["--dtype", "float16"]
     assert (fp16.model, fp16.port, fp16.server_command, fp16.env, fp16.bench) == (

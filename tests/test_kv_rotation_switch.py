@@ -49,7 +49,7 @@ def test_smollm2_rotation_sides_file():
     from bench import ab
 
     def load(name):
-        return ab.build_config(ab.build_arg_parser().parse_args(["--sides", str(REPO / "scripts" / "h200" / name)]))
+        return ab.parse_config(["--sides", str(REPO / "scripts" / "h200" / name)])
 
     rotation, agreement = load("ab_smollm2_rotation.yaml"), load("ab_smollm2_agreement.yaml")
     assert [s.name for s in rotation.sides] == [

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -15,14 +16,14 @@ import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-from bench import ab, openai_http, serve_tiers  # noqa: E402
+from bench import ab, ab_config, ab_side, ab_sla, openai_http, serve_tiers, server_env, sides_file  # noqa: E402
+from bench.server import port_in_use  # noqa: E402
 
 FAKE_SERVER = REPO_ROOT / "tests" / "fake_openai_server.py"
 # The synthetic Qwen3.5-shape tokenizer (8192 byte-level BPE tokens) `vllm bench serve` builds prompts with.
@@ -51,9 +52,7 @@ def free_port() -> int:
 
 
 def get_json(url: str):
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(url, timeout=5) as response:
-        return json.loads(response.read())
+    return openai_http.http_json(url, None, timeout_s=5)
 
 
 def wait_for_health(port: int, proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
@@ -169,7 +168,7 @@ def test_serve_tiers_records_a_failed_tool_run(tmp_path):
     assert "exit code 3" in tier["error"] and "no such tool" in tier["error"]
     result = {"config": {"sla_factor": 1.5, "min_completion": 0.99}, "baseline": "a",
               "sides": [{"name": "a", "status": "ok", "bench": {"tiers": [tier]}}]}
-    (row,) = ab.tier_rows(result)["16"]
+    (row,) = ab_sla.tier_rows(result)["16"]
     assert row["verdict"].startswith("ERROR: vllm bench serve exit code 3") and row["score"] == 0.0
 
 
@@ -200,43 +199,72 @@ def test_serve_tiers_concurrency_list_runs_every_pair_and_reports_each(tmp_path)
         assert command[command.index("--max-concurrency") + 1] == str(tier["requested_max_concurrency"])
     sides = [{"name": name, "status": "ok", "bench": result} for name in ("a", "b")]
     report = {"config": {"sla_factor": 1.5, "min_completion": 0.99}, "baseline": "a", "sides": sides}
-    rows = ab.tier_rows(report)
+    rows = ab_sla.tier_rows(report)
     assert list(rows) == ["16", "16@c4", "32", "32@c4"]
     assert rows["16@c4"][1]["output_throughput"] == 40.0 and rows["16@c4"][1]["verdict"] == "PASS"
-    assert ab.tier_title("16@c4") == "Input 16 tokens, concurrency 4" and ab.tier_title("16") == "Input 16 tokens"
+    assert ab_sla.tier_title("16@c4") == "Input 16 tokens, concurrency 4" and ab_sla.tier_title("16") == "Input 16 tokens"
     with pytest.raises(ValueError, match="max_concurrency"):
         serve_tiers.BenchConfig(tokenizer="t", max_concurrency=[]).validate()
+
+
+def test_sides_file_schema_gives_a_bounded_error(tmp_path):
+    """Unknown keys, wrong types and bad regexes each name their place; the message stays short."""
+    good = {"model": "m", "env": {"A": 1, "B": True, "C": None}, "sides": [{"name": "a"}, {"name": "b", "port": "9001"}]}
+    parsed = sides_file.parse_sides(good, "good.yaml")
+    assert sides_file.env_strings(parsed.env) == {"A": "1", "B": "1", "C": None} and parsed.sides[1].port == 9001
+    cases = (({"sides": [{"name": "a", "colour": "red"}]}, "sides.0.colour"),
+             ({"port": "eighty"}, "port"),
+             ({"env_check_scope": "forest"}, "env_check_scope"),
+             ({"log_patterns": {"x": {"regex": "("}}}, "log_patterns.x"),
+             ({"log_patterns": {"x": "("}}, "log_patterns"),
+             ({"bogus": 1}, "bogus"))
+    for data, where in cases:
+        with pytest.raises(ValueError, match=re.escape(where)) as caught:
+            sides_file.parse_sides(data, "bad.yaml")
+        assert str(caught.value).startswith("bad.yaml: invalid sides file: ")
+    many = {f"k{i}": i for i in range(50)}
+    message = str(pytest.raises(ValueError, sides_file.parse_sides, many, "bad.yaml").value)
+    assert "(and 45 more)" in message and len(message) < 6 * sides_file.ERROR_CHARS
+    with pytest.raises(ValueError, match="mapping at the top level"):
+        sides_file.parse_sides([1, 2], "list.yaml")
+    path = tmp_path / "sides.yaml"
+    path.write_text("model: m\nsides: [{name: a}, {name: a2, env: {X: 1}}]\nhealth_timeout_s: 5\n")
+    config = ab.parse_config(["--sides", str(path)])
+    assert config.health_timeout_s == 5.0 and config.sides[1].env == {"X": "1"}
+    path.write_text("model: m\nsides: [{name: a, envv: {}}, {name: b}]\n")
+    with pytest.raises(ValueError, match="sides.0.envv"):
+        ab.parse_config(["--sides", str(path)])
 
 
 # ----------------------------------------------------------------------------- ab: env checks
 
 
-def _config(tmp_path, sides, **overrides) -> ab.AbConfig:
+def _config(tmp_path, sides, **overrides) -> ab_config.AbConfig:
     values = dict(name="t", model="m", sides=sides, work_dir=str(tmp_path / "work"), report_dir=str(tmp_path / "rep"))
     values.update(overrides)
-    return ab.AbConfig(**values)
+    return ab_config.AbConfig(**values)
 
 
 def test_expected_env_and_problems(tmp_path):
-    a = ab.Side("a", env={"GOVINDA_DISABLE": "1"})
-    b = ab.Side("b", env={"GOVINDA_DISABLE": "0", "GOVINDA_PATCHES_FILE": "p.yaml"})
+    a = ab_config.Side("a", env={"GOVINDA_DISABLE": "1"})
+    b = ab_config.Side("b", env={"GOVINDA_DISABLE": "0", "GOVINDA_PATCHES_FILE": "p.yaml"})
     config = _config(tmp_path, [a, b])
-    assert ab.expected_env(config, a) == {"GOVINDA_DISABLE": "1", "GOVINDA_PATCHES_FILE": None}
-    assert ab.expected_env(config, b) == {"GOVINDA_DISABLE": "0", "GOVINDA_PATCHES_FILE": "p.yaml"}
+    assert ab_config.expected_env(config, a) == {"GOVINDA_DISABLE": "1", "GOVINDA_PATCHES_FILE": None}
+    assert ab_config.expected_env(config, b) == {"GOVINDA_DISABLE": "0", "GOVINDA_PATCHES_FILE": "p.yaml"}
 
-    caches = ab.side_cache_dirs(config, a)
-    assert caches != ab.side_cache_dirs(config, b)
+    caches = ab_side.side_cache_dirs(config, a)
+    assert caches != ab_side.side_cache_dirs(config, b)
     good = dict(caches, GOVINDA_DISABLE="1")
-    assert ab.env_problems(good, ab.expected_env(config, a), caches) == []
+    assert server_env.env_problems(good, ab_config.expected_env(config, a), caches) == []
     # vLLM repoints Triton/Inductor caches inside VLLM_CACHE_ROOT: still this side's.
     inside = dict(good, TRITON_CACHE_DIR=caches["VLLM_CACHE_ROOT"] + "/torch_compile_cache/x/triton_cache")
-    assert ab.env_problems(inside, ab.expected_env(config, a), caches) == []
+    assert server_env.env_problems(inside, ab_config.expected_env(config, a), caches) == []
 
-    wrong_value = ab.env_problems(dict(good, GOVINDA_DISABLE="0"), ab.expected_env(config, a), caches)
-    leaked = ab.env_problems(dict(good, GOVINDA_PATCHES_FILE="p.yaml"), ab.expected_env(config, a), caches)
-    missing = ab.env_problems({k: v for k, v in good.items() if k != "GOVINDA_DISABLE"}, ab.expected_env(config, a), caches)
-    shared_cache = ab.env_problems(
-        dict(good, TRITON_CACHE_DIR=ab.side_cache_dirs(config, b)["TRITON_CACHE_DIR"]), ab.expected_env(config, a), caches
+    wrong_value = server_env.env_problems(dict(good, GOVINDA_DISABLE="0"), ab_config.expected_env(config, a), caches)
+    leaked = server_env.env_problems(dict(good, GOVINDA_PATCHES_FILE="p.yaml"), ab_config.expected_env(config, a), caches)
+    missing = server_env.env_problems({k: v for k, v in good.items() if k != "GOVINDA_DISABLE"}, ab_config.expected_env(config, a), caches)
+    shared_cache = server_env.env_problems(
+        dict(good, TRITON_CACHE_DIR=ab_side.side_cache_dirs(config, b)["TRITON_CACHE_DIR"]), ab_config.expected_env(config, a), caches
     )
     assert len(wrong_value) == 1 and "GOVINDA_DISABLE" in wrong_value[0]
     assert len(leaked) == 1 and "requires it unset" in leaked[0]
@@ -245,18 +273,18 @@ def test_expected_env_and_problems(tmp_path):
 
 
 def test_proc_environ_matches_what_the_server_sees(tmp_path, fake_server_factory, monkeypatch):
-    a = ab.Side("a", env={"GOVINDA_DISABLE": "1", "GOVINDA_LOG_LEVEL": "debug"})
-    b = ab.Side("b", env={"GOVINDA_PATCHES_FILE": "p.yaml"})
+    a = ab_config.Side("a", env={"GOVINDA_DISABLE": "1", "GOVINDA_LOG_LEVEL": "debug"})
+    b = ab_config.Side("b", env={"GOVINDA_PATCHES_FILE": "p.yaml"})
     config = _config(tmp_path, [a, b])
-    caches = ab.side_cache_dirs(config, a)
+    caches = ab_side.side_cache_dirs(config, a)
     # A key exported in the runner's own shell must not leak into a side that did not set it.
     monkeypatch.setenv("GOVINDA_PATCHES_FILE", "exported-in-my-shell")
-    env = ab.side_process_env(config, a, caches)
+    env = ab_side.side_process_env(config, a, caches)
     assert "GOVINDA_PATCHES_FILE" not in env
 
     server = fake_server_factory(env=env)
     seen_by_server = get_json(server.base_url + "/debug/env")
-    check = ab.check_server_env(server.proc.pid, ab.expected_env(config, a), caches, "tree")
+    check = server_env.check_server_env(server.proc.pid, ab_config.expected_env(config, a), caches, "tree")
     assert check["ok"], check
     (proc,) = check["processes"]
     assert proc["pid"] == seen_by_server["pid"]
@@ -265,7 +293,7 @@ def test_proc_environ_matches_what_the_server_sees(tmp_path, fake_server_factory
     assert "GOVINDA_PATCHES_FILE" not in seen_by_server["env"] and proc["observed"]["GOVINDA_PATCHES_FILE"] is None
 
     # The same server judged as side b (which needs GOVINDA_PATCHES_FILE) is refused.
-    refused = ab.check_server_env(server.proc.pid, ab.expected_env(config, b), caches, "tree")
+    refused = server_env.check_server_env(server.proc.pid, ab_config.expected_env(config, b), caches, "tree")
     assert not refused["ok"]
     assert any("GOVINDA_PATCHES_FILE" in p for p in refused["processes"][0]["problems"])
 
@@ -274,10 +302,10 @@ def test_env_check_handles_renamed_workers_and_the_selftest_child(tmp_path, monk
     """What the H200 run showed: vLLM's EngineCore renames itself with setproctitle, which leaves
     only a remnant in /proc/<pid>/environ; the overlay's self-test child runs with
     GOVINDA_DISABLE=1 on purpose (and so do its compiler children)."""
-    side = ab.Side("on", env={"GOVINDA_DISABLE": "0"})
+    side = ab_config.Side("on", env={"GOVINDA_DISABLE": "0"})
     config = _config(tmp_path, [side])
-    caches = ab.side_cache_dirs(config, side)
-    expected = ab.expected_env(config, side)
+    caches = ab_side.side_cache_dirs(config, side)
+    expected = ab_config.expected_env(config, side)
     good = dict(caches, GOVINDA_DISABLE="0", PATH="/usr/bin")
     remnant = {"PATH": "/usr/bin"}  # what the renamed EngineCore showed
     processes = {
@@ -286,22 +314,22 @@ def test_env_check_handles_renamed_workers_and_the_selftest_child(tmp_path, monk
         12: ("python3", "python3 -m govinda_patch selftest --json", dict(good, GOVINDA_DISABLE="1", GOVINDA_SELFTEST_CHILD="1")),
         13: ("gcc-real", "gcc -shared x.c", dict(good, GOVINDA_DISABLE="1", GOVINDA_SELFTEST_CHILD="1")),
     }
-    monkeypatch.setattr(ab, "server_processes", lambda root, scope: [{"pid": p, "comm": c} for p, (c, _, _) in processes.items()])
-    monkeypatch.setattr(ab, "_cmdline", lambda pid: processes[pid][1])
-    monkeypatch.setattr(ab, "read_environ", lambda pid: processes[pid][2])
+    monkeypatch.setattr(server_env, "server_processes", lambda root, scope: [{"pid": p, "comm": c} for p, (c, _, _) in processes.items()])
+    monkeypatch.setattr(server_env, "cmdline", lambda pid: processes[pid][1])
+    monkeypatch.setattr(server_env, "read_environ", lambda pid: processes[pid][2])
 
     verified = {}
-    first = ab.check_server_env(10, expected, caches, "tree", verified)
+    first = server_env.check_server_env(10, expected, caches, "tree", verified)
     assert first["ok"] and first["checked"] == 1 and first["environ_overwritten"] == [{"pid": 11, "comm": "VLLM::EngineCor", "cmdline": "VLLM::EngineCore"}]
     # Seen before the rename: the earlier verdict stands once its environ is a remnant.
     processes[11] = ("python3", "python3 -c from multiprocessing.spawn import spawn_main", good)
-    ab.check_server_env(10, expected, caches, "tree", verified)
+    server_env.check_server_env(10, expected, caches, "tree", verified)
     processes[11] = ("VLLM::EngineCor", "VLLM::EngineCore", remnant)
-    later = ab.check_server_env(10, expected, caches, "tree", verified)
+    later = server_env.check_server_env(10, expected, caches, "tree", verified)
     assert later["ok"] and later["checked"] == 2 and later["environ_overwritten"] == []
     # A real mismatch in a readable process is still refused; the selftest marker alone is not a pass.
     processes[10] = ("python3", "python3 -m vllm.entrypoints.cli.main serve m", dict(good, GOVINDA_DISABLE="1"))
-    refused = ab.check_server_env(10, expected, caches, "tree", verified)
+    refused = server_env.check_server_env(10, expected, caches, "tree", verified)
     assert not refused["ok"] and any("GOVINDA_DISABLE" in p for p in refused["processes"][0]["problems"])
 
 
@@ -438,7 +466,7 @@ def test_ab_refuses_side_whose_server_env_differs(tmp_path):
     assert offenders and all("fake_openai_server" in p["cmdline"] for p in offenders)
     assert patched["status"] == "ok" and patched["bench"]["tiers"][0]["completed"] == 1
     # The refused server (launcher and child) was stopped: the second side could bind the port.
-    assert not ab.port_in_use("127.0.0.1", port)
+    assert not port_in_use("127.0.0.1", port)
     md = (tmp_path / "reports" / "refusal.md").read_text()
     assert "| clean | refused |" in md and "NO DATA" in md
 
@@ -516,9 +544,8 @@ def test_ab_parallel_runs_every_side_at_once_on_its_own_port_and_gpu(tmp_path):
     assert result["agreement"][0]["identical"] == result["agreement"][0]["prompts"] > 0
     assert "the sides ran at the same time" in (tmp_path / "reports" / "par.md").read_text()
     with pytest.raises(ValueError, match="distinct ports"):
-        ab.build_config(ab.build_arg_parser().parse_args(
-            ["--sides", _sides_file(tmp_path, {"model": "m", "parallel": True, "port": 9000,
-                                               "sides": [{"name": "x", "port": 9001}, {"name": "y"}]})]))
+        ab.parse_config(["--sides", _sides_file(tmp_path, {"model": "m", "parallel": True, "port": 9000,
+                                                            "sides": [{"name": "x", "port": 9001}, {"name": "y"}]})])
 
 
 def test_ab_through_start_vllm_bench_script(tmp_path):
@@ -551,7 +578,7 @@ def test_h200_bench_serve_sides_file(tmp_path, monkeypatch):
     """The 64-layer A/B through `vllm bench serve`: three sides, and log patterns that prove each
     side's attention backend, checked against the committed H200 server logs."""
     path = REPO_ROOT / "scripts" / "h200" / "ab_qwen35_64layer_bench_serve.yaml"
-    config = ab.build_config(ab.build_arg_parser().parse_args(["--sides", str(path)]))
+    config = ab.parse_config(["--sides", str(path)])
     assert config.workload() == "tiers" and config.baseline_name() == "triton_bf16"
     assert [s.name for s in config.sides] == ["triton_bf16", "govinda", "fa3_bf16"]
     assert config.bench["input_lens"] == [6144, 12288, 24576] and config.bench["output_len"] == 256
@@ -560,9 +587,9 @@ def test_h200_bench_serve_sides_file(tmp_path, monkeypatch):
     assert [s.server_args for s in config.sides] == [["--attention-backend", "TRITON_ATTN"], [], []]
     logs = REPO_ROOT / "reports" / "h200"
     triton, govinda, fa3 = config.sides
-    counts = ab.count_log_patterns(logs / "serve64_triton_bf16.log", triton.log_patterns)
+    counts = ab_side.count_log_patterns(logs / "serve64_triton_bf16.log", triton.log_patterns)
     assert all(c["ok"] for c in counts.values()), counts
-    counts = ab.count_log_patterns(logs / "serve64_govinda.log", govinda.log_patterns)
+    counts = ab_side.count_log_patterns(logs / "serve64_govinda.log", govinda.log_patterns)
     # That log predates the FA3 prefill (#15): its two patterns must not match it, and must match
     # the lines a Hopper worker now writes (the builder's choice line, the counters line).
     fa3_prefill = {"prefill_kernel_fa3", "prefill_fa3_dispatch"}
@@ -579,17 +606,17 @@ def test_h200_bench_serve_sides_file(tmp_path, monkeypatch):
         f"govinda INFO [pid 7] INT8 prefill kernel: {choice.description}\n"
         "govinda INFO [pid 7] dispatch counters: decode_attention_calls=64 prefill_attention_calls=32 prefill_fa3_calls=32\n"
     )
-    counts = ab.count_log_patterns(tmp_path / "hopper.log", govinda.log_patterns)
+    counts = ab_side.count_log_patterns(tmp_path / "hopper.log", govinda.log_patterns)
     assert all(counts[name]["ok"] for name in fa3_prefill), counts
     # The stock logs also name FLASH_ATTN (for vit attention): that must not pass for the FA3 side.
     for log in ("serve64_triton_bf16.log", "serve64_govinda.log"):
-        assert ab.count_log_patterns(logs / log, fa3.log_patterns)["attention_backend"]["count"] == 0
+        assert ab_side.count_log_patterns(logs / log, fa3.log_patterns)["attention_backend"]["count"] == 0
     # vLLM's line when it picks the backend itself, as the overlay's log shows it for CUSTOM.
     chosen = [line.replace("CUSTOM", "FLASH_ATTN") for line in (logs / "serve64_govinda.log").read_text().splitlines()
               if "Using CUSTOM attention backend" in line]
     assert chosen
     (tmp_path / "fa3.log").write_text("\n".join(chosen))
-    assert ab.count_log_patterns(tmp_path / "fa3.log", fa3.log_patterns)["attention_backend"]["ok"]
+    assert ab_side.count_log_patterns(tmp_path / "fa3.log", fa3.log_patterns)["attention_backend"]["ok"]
 
 
 # ----------------------------------------------------------------------------- start scripts

@@ -17,7 +17,7 @@ import pytest
 
 from overlay_testing import REPO, child_env, run_child
 
-from bench import ab
+from bench import ab, ab_side
 
 QWEN35 = REPO / "tests" / "models" / "qwen3_5-27b-shape"
 # Llama-3-8B attention shape (dense, 8 KV heads); two layers are enough for the configuration.
@@ -196,7 +196,7 @@ def test_tp2_sides_file_counts_both_ranks(tp_run, tmp_path):
     """scripts/h200/ab_qwen35_64layer_tp2.yaml: every side at TP=2, and its per-rank patterns
     match the lines our builder logs for a TP=2 rank, as vLLM prefixes a worker's output."""
     path = REPO / "scripts" / "h200" / "ab_qwen35_64layer_tp2.yaml"
-    config = ab.build_config(ab.build_arg_parser().parse_args(["--sides", str(path)]))
+    config = ab.parse_config(["--sides", str(path)])
     assert [s.name for s in config.sides] == ["triton_bf16", "govinda", "fa3_bf16"] and config.baseline_name() == "triton_bf16"
     assert config.bench["input_lens"] == [6144, 12288, 24576]
     for side in config.sides:
@@ -209,9 +209,9 @@ def test_tp2_sides_file_counts_both_ranks(tp_run, tmp_path):
         pytest.skip("this vLLM does not prefix worker output (the sides file is for the H200's 0.26)")
     log = tmp_path / "workers.log"
     log.write_text(tp_run.result["tp2_worker_log"])
-    counts = ab.count_log_patterns(log, [p for p in govinda.log_patterns if p.name.startswith("rank")])
+    counts = ab_side.count_log_patterns(log, [p for p in govinda.log_patterns if p.name.startswith("rank")])
     assert len(counts) == 4 and all(c["ok"] for c in counts.values()), counts
     # A rank's lines never count for the other rank.
     log.write_text("".join(l for l in tp_run.result["tp2_worker_log"].splitlines(True) if "Worker_TP0" in l))
-    counts = ab.count_log_patterns(log, [p for p in govinda.log_patterns if p.name.startswith("rank1")])
+    counts = ab_side.count_log_patterns(log, [p for p in govinda.log_patterns if p.name.startswith("rank1")])
     assert not any(c["ok"] for c in counts.values()), counts

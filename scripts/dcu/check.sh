@@ -116,7 +116,7 @@ sides:
     log_patterns:
       govinda_configs: {regex: 'INT8 attention launch configs', min: 1}
 EOF
-        run ab "$out/ab.txt" "$py" bench/ab.py --sides "$sides" --report-dir "$out" --log-dir "$out"
+        run ab "$out/ab.txt" "$py" -m bench.ab --sides "$sides" --report-dir "$out" --log-dir "$out"
     fi
 fi
 

@@ -9,7 +9,7 @@
 #                                                       GPU (~5.5 min each: one side per call)
 #   --sides FILE first: another sides file (e.g. ab_qwen35_64layer_tp2.yaml); arguments after
 #   the side names and a "--" go to bench/ab.py as they are (e.g. --max-concurrency 4)
-# Join one-side calls' JSONs afterwards with bench/ab.py --report-only (see the sides file).
+# Join one-side calls' JSONs afterwards with python3 -m bench.ab --report-only (see the sides file).
 set -eu
 sides=scripts/h200/ab_qwen35_64layer_bench_serve.yaml
 if [ "${1:-}" = "--sides" ]; then
@@ -44,5 +44,5 @@ while [ "$#" -gt 0 ]; do
 done
 # --stop-grace 10: vLLM 0.26 does not exit on SIGTERM within 30 s; the default grace only waits.
 # shellcheck disable=SC2086
-python3 bench/ab.py --sides "$sides" --model "$model" $only \
+python3 -m bench.ab --sides "$sides" --model "$model" $only \
     --stop-grace 10 --report-dir "$OUT_DIR" --log-dir "$OUT_DIR" "$@"

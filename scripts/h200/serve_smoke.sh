@@ -18,7 +18,7 @@ until curl -s localhost:$PORT/health >/dev/null; do
   if ! kill -0 $SERVER 2>/dev/null || [ $i -gt 420 ]; then echo "server $LABEL did not come up"; tail -40 "$LOG"; exit 1; fi
 done
 echo "server $LABEL up after ${i}s"
-python3 bench/serve_tiers.py --base-url http://127.0.0.1:$PORT --tokenizer "$MODEL" --input-lens "$LENS" --output-len 64 \
+python3 -m bench.serve_tiers --base-url http://127.0.0.1:$PORT --tokenizer "$MODEL" --input-lens "$LENS" --output-len 64 \
   --num-prompts "$PROMPTS" --result-file "$OUT/tiers-$LABEL.json" 2>&1 | tail -15
 python3 -m govinda_patch counters
 grep -E "govinda|GPU KV cache size|Maximum concurrency|backend|block size|Error|error" "$LOG" | grep -v "Avoid\|DeprecationWarning" | head -40

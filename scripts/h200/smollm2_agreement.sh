@@ -63,24 +63,24 @@ prepare_model() {  # join the parts, check them, convert to /tmp/smollm2-hf
 }
 
 run_agreement() {  # bf16, overlay off vs on
-    python3 bench/ab.py --sides scripts/h200/ab_smollm2_agreement.yaml --stop-grace 10 \
+    python3 -m bench.ab --sides scripts/h200/ab_smollm2_agreement.yaml --stop-grace 10 \
         --only overlay_off --only overlay_on --report-dir "$REPORTS" --log-dir "$OUT_DIR"
     cp "$REPORTS"/h200-smollm2-agreement.* "$OUT_DIR"/  # in case the second call never comes
 }
 
 run_stock_sides() {  # the second call: stock TRITON_ATTN bf16 and upstream int8, merged into one report
-    python3 bench/ab.py --sides scripts/h200/ab_smollm2_agreement.yaml --stop-grace 10 \
+    python3 -m bench.ab --sides scripts/h200/ab_smollm2_agreement.yaml --stop-grace 10 \
         --only triton_bf16 --only upstream_int8 --merge-with "$REPORTS/h200-smollm2-agreement.json" \
         --report-dir "$OUT_DIR" --log-dir "$OUT_DIR"
 }
 
 run_rotation() {  # bf16: overlay rotated / unrotated, stock FLASH_ATTN, TRITON_ATTN, upstream int8
-    python3 bench/ab.py --sides scripts/h200/ab_smollm2_rotation.yaml --stop-grace 10 \
+    python3 -m bench.ab --sides scripts/h200/ab_smollm2_rotation.yaml --stop-grace 10 \
         --report-dir "$OUT_DIR" --log-dir "$OUT_DIR"
 }
 
 run_fp16() {  # the same model in fp16, overlay off vs on (scripts/h200/ab_smollm2_agreement_fp16.yaml)
-    python3 bench/ab.py --sides scripts/h200/ab_smollm2_agreement_fp16.yaml --stop-grace 10 \
+    python3 -m bench.ab --sides scripts/h200/ab_smollm2_agreement_fp16.yaml --stop-grace 10 \
         --report-dir "$OUT_DIR" --log-dir "$OUT_DIR"
 }
 

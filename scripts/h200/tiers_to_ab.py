@@ -3,7 +3,7 @@
 serve_smoke.sh starts one server per side itself (used when the device budget allowed no full
 bench/ab.py run); the report therefore shows "env check: not run" for every side.
 
-    python scripts/h200/tiers_to_ab.py NAME OUT_DIR SIDE=TIERS_JSON[:SERVER_ARGS]... [--env SIDE=K=V]...
+    python -m scripts.h200.tiers_to_ab NAME OUT_DIR SIDE=TIERS_JSON[:SERVER_ARGS]... [--env SIDE=K=V]...
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))
-import ab  # noqa: E402
+from bench import ab, ab_report, provenance
 
 
 def main() -> int:
@@ -43,10 +41,10 @@ def main() -> int:
         "schema": ab.SCHEMA, "name": args.name, "baseline": sides[0]["name"],
         "config": {"model": args.model, "server_command": args.command.split(), "sla_factor": 1.5, "min_completion": 0.99,
                    "bench": {k: first_bench.get(k) for k in ("num_prompts", "output_len", "max_concurrency")}},
-        "date": sides[0]["measured"]["date"], "host": {"node": "H200 device machine"}, "repo": ab._repo_state(),
+        "date": sides[0]["measured"]["date"], "host": {"node": "H200 device machine"}, "repo": provenance.repo_state(),
         "runs": [], "sides": sides,
     }
-    paths = ab.write_reports(result, Path(args.out_dir))
+    paths = ab_report.write_reports(result, Path(args.out_dir))
     print(f"wrote {paths['md']}")
     return 0
 
