@@ -20,7 +20,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from . import yaml_loader
 from .excerpt import clip, excerpt
-from .settings import GLOBAL_SWITCHES
+from .guards import GUARDS
+from .settings import GLOBAL_SWITCHES, PLATFORMS
 
 IMPLEMENTATION_PACKAGE = "govinda_patch.patches"
 NAME_PATTERN = r"[a-z][a-z0-9_]*"
@@ -28,7 +29,6 @@ ENV_PATTERN = r"GOVINDA_[A-Z0-9_]+"
 MODULE_PATTERN = r"vllm(\.[A-Za-z_][A-Za-z0-9_]*)*"
 ATTRIBUTE_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
 IMPLEMENTATION_PATTERN = re.escape(IMPLEMENTATION_PACKAGE) + r"\.[a-z_][a-z0-9_]*"
-PLATFORMS = ("rocm", "cuda")
 
 
 class PatchConfigError(ValueError):
@@ -81,8 +81,8 @@ class GroupSpec:
     name: str
     summary: str
     env: str
-    # Run the INT8 kernel self-test before the group may take effect in a process.
-    kernel_selftest: bool = False
+    # A check that must pass once per process before the group may take effect (guards.GUARDS).
+    guard: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,12 @@ def _matching(pattern: str, hint: str) -> Callable:
 def _boolean(where, value):
     if not isinstance(value, bool):
         raise _Invalid(where, f"{excerpt(value)} must be true or false")
+    return value
+
+
+def _guard(where, value):
+    if not isinstance(value, str) or value not in GUARDS:
+        raise _Invalid(where, f"{excerpt(value)} is not a known guard; known: {sorted(GUARDS)}")
     return value
 
 
@@ -201,7 +207,7 @@ GROUP_RULES = {
     "name": _matching(NAME_PATTERN, NAME_PATTERN),
     "summary": _text,
     "env": _matching(ENV_PATTERN, ENV_PATTERN),
-    "kernel_selftest": _boolean,
+    "guard": _guard,
 }
 
 
@@ -213,7 +219,7 @@ def _schema_version(where, value):
 
 TABLE_RULES = {
     "schema_version": _schema_version,
-    "groups": _list_of(lambda w, v: _record(w, v, GroupSpec, GROUP_RULES, optional=("kernel_selftest",))),
+    "groups": _list_of(lambda w, v: _record(w, v, GroupSpec, GROUP_RULES, optional=("guard",))),
     "patches": _list_of(lambda w, v: _record(w, v, PatchSpec, PATCH_RULES)),
 }
 

@@ -131,7 +131,7 @@ def test_two_copies_on_the_path_chain_once_to_the_foreign_sitecustomize(child, b
     symlink_only = dict(base_env, PYTHONPATH=os.pathsep.join([str(REPO), str(link), str(foreign)]))
     result = child(code, symlink_only)
     assert result.returncode == 0, result
-    assert result.result == {"foreign_runs": 1, "triggers": 1, "custom": "govinda_patch.int8_backend.GovindaInt8AttentionBackend"}
+    assert result.result == {"foreign_runs": 1, "triggers": 1, "custom": "govinda_patch.int8.backend.GovindaInt8AttentionBackend"}
     assert _problems(result) == [] and "RecursionError" not in result.stderr, result  # the same files: nothing to say
 
     env = dict(base_env, PYTHONPATH=os.pathsep.join([str(REPO), str(link), str(second), str(foreign)]))
@@ -232,7 +232,7 @@ def _overlay(**environ):
 
 
 def test_a_passing_selftest_with_an_unusable_cache_warns_once(monkeypatch, tmp_path, overlay_log):
-    from govinda_patch import selftest
+    from govinda_patch.int8 import selftest
     from govinda_patch.manager import GovindaStrictError
 
     # The child is the expensive part (a real kernel run); what is tested here is the cache around it.
@@ -266,7 +266,7 @@ def test_a_member_whose_module_is_imported_but_not_patched_keeps_the_group_inact
 
 
 def test_group_active_never_raises_outside_strict_mode(monkeypatch, overlay_log):
-    from govinda_patch import selftest
+    from govinda_patch.int8 import selftest
 
     def broken(settings):
         raise PermissionError(13, "Permission denied")

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from .kernel_package import import_kernel
+from ..kernel_package import import_kernel
 
 TUNE_TIMEOUT_MARGIN_S = 180  # child start-up, imports and the last compile on top of the budget
 
@@ -139,10 +139,10 @@ def cached_or_tuned(settings, shape: TuneShape, device, arch_key: str, device_la
 
 @functools.lru_cache(maxsize=None)
 def _launch_configs_for(settings_key: tuple, shape: TuneShape, device_str: str):
-    from .settings import Settings
+    from ..settings import current as current_settings
 
     lc = import_kernel("launch_configs")
-    settings = Settings.from_env()
+    settings = current_settings()
     import torch
 
     device = torch.device(device_str)
@@ -352,7 +352,7 @@ def run_tuning(
     """Pick, per part, the fastest candidate that matches the reference, within ``budget_s``.
 
     ``tune_prefill`` (default: whether the Triton kernel runs prefills here,
-    govinda_patch/prefill_kernel.py) skips the prefill part when another kernel does."""
+    govinda_patch/int8/prefill_kernel.py) skips the prefill part when another kernel does."""
     lc = import_kernel("launch_configs")
     started = clock()
     deadline = started + budget_s
