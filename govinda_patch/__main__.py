@@ -67,7 +67,8 @@ def _doctor(args) -> int:
     for group in overlay.table.groups:
         if group.guard is not None:
             verdict = run_guard(group.guard, checking)
-            print(f"  guard {group.guard} for group {group.name}: {'passed' if verdict.ok else 'FAILED'} {clip(verdict.message, 1000)}")
+            outcome = "passed" if verdict.ok else "FAILED"
+            print(f"  self-test for group {group.name}: {outcome} (guard {group.guard}) {clip(verdict.message, 1000)}")
             problems += 0 if verdict.ok else 1
     return 1 if problems else 0
 
@@ -130,7 +131,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m govinda_patch", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("status", help="print the effective patch plan (does not import vLLM)")
-    commands.add_parser("doctor", help="import vLLM, resolve every target, run the kernel self-test")
+    commands.add_parser("doctor", help="import vLLM, resolve every target, run each group's guard (the kernel self-test)")
     commands.add_parser("counters", help="print the dispatch counters written by vLLM processes")
     selftest = commands.add_parser("selftest", help="run the INT8 kernel self-test in this process")
     selftest.add_argument("--json", action="store_true", help="one JSON line (used by the cached self-test)")

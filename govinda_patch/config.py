@@ -120,12 +120,6 @@ def _boolean(where, value):
     return value
 
 
-def _guard(where, value):
-    if not isinstance(value, str) or value not in GUARDS:
-        raise _Invalid(where, f"{excerpt(value)} is not a known guard; known: {sorted(GUARDS)}")
-    return value
-
-
 def _specifiers(where, value):
     if not isinstance(value, list) or not value:
         raise _Invalid(where, "must be a non-empty list of PEP 440 specifier sets")
@@ -139,10 +133,16 @@ def _specifiers(where, value):
     return tuple(value)
 
 
-def _platform(where, value):
-    if not isinstance(value, str) or value not in PLATFORMS:
-        raise _Invalid(where, f"{excerpt(value)} must be one of {PLATFORMS}")
-    return value
+def _one_of(choices) -> Callable:
+    def check(where, value):
+        if not isinstance(value, str) or value not in choices:
+            raise _Invalid(where, f"{excerpt(value)} must be one of {tuple(choices)}")
+        return value
+
+    return check
+
+
+_platform = _one_of(PLATFORMS)
 
 
 def _platforms(where, value):
@@ -207,7 +207,7 @@ GROUP_RULES = {
     "name": _matching(NAME_PATTERN, NAME_PATTERN),
     "summary": _text,
     "env": _matching(ENV_PATTERN, ENV_PATTERN),
-    "guard": _guard,
+    "guard": _one_of(sorted(GUARDS)),
 }
 
 

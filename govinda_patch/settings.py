@@ -194,6 +194,10 @@ class Settings:
     # Every GOVINDA_* variable as set (the table's per-group and per-patch switches among them).
     switches: Mapping[str, str] = field(default_factory=dict)
 
+    def cache_subdir(self, name: str) -> Path | None:
+        """``<GOVINDA_CACHE_DIR>/<name>``; None without a cache directory (no home, variable unset)."""
+        return None if self.cache_dir is None else Path(self.cache_dir) / name
+
     @classmethod
     def from_env(cls, environ=None) -> "Settings":
         environ = os.environ if environ is None else environ

@@ -276,3 +276,29 @@ def test_group_active_never_raises_outside_strict_mode(monkeypatch, overlay_log)
     assert overlay.group_active("int8_kv") is False
     errors = [l for l in overlay_log if l.startswith("ERROR")]
     assert len(errors) == 1 and "self-test could not run: PermissionError" in errors[0], overlay_log
+
+
+def test_an_unknown_or_broken_guard_leaves_vllm_stock_with_one_line(monkeypatch, tmp_path, overlay_log):
+    from govinda_patch import bootstrap, guards
+    from govinda_patch.manager import GovindaStrictError
+
+    declared = "    guard: kernel_selftest\n"
+    base = (REPO / "patches.yaml").read_text()
+    assert declared in base
+    for name in ("kernel_self_test", "x" * 5000):
+        table = _table(tmp_path, base.replace(declared, f"    guard: {name}\n"))
+        env = {"GOVINDA_PLATFORM": "rocm", "GOVINDA_PATCHES_FILE": str(table)}
+        overlay_log.clear()
+        assert bootstrap.plan_and_report(env) is None  # no overlay: nothing is hooked, vLLM stays stock
+        errors = [line for line in overlay_log if line.startswith(("WARNING", "ERROR"))]
+        assert len(errors) == 1 and len(errors[0]) < MAX_LINE, overlay_log
+        assert "overlay off" in errors[0] and "groups[0] (int8_kv).guard" in errors[0] and "kernel_selftest" in errors[0]
+        with pytest.raises(GovindaStrictError, match="guard"):
+            bootstrap.plan_and_report(dict(env, GOVINDA_STRICT="1"))
+    # A registered guard whose check cannot be imported fails its group, never the caller.
+    monkeypatch.setitem(guards.GUARDS, "kernel_selftest", "govinda_patch.int8.no_such_module:check")
+    overlay_log.clear()
+    overlay = _overlay(GOVINDA_SELFTEST="auto")
+    assert overlay.group_active("int8_kv") is False
+    errors = [line for line in overlay_log if line.startswith("ERROR")]
+    assert len(errors) == 1 and "guard kernel_selftest could not run: ModuleNotFoundError" in errors[0], overlay_log

@@ -23,8 +23,7 @@ _counts: Counter = Counter()
 
 
 def counters_dir() -> Path | None:
-    base = current_settings().cache_dir
-    return None if base is None else base / "counters"
+    return current_settings().cache_subdir("counters")
 
 
 def bump(name: str) -> None:

@@ -17,7 +17,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from ..settings import KV_ROTATIONS, kv_rotation, prefill_kernel
 from ..versions import stack_versions
@@ -50,7 +49,7 @@ def cached_verdict(settings) -> dict:
     regular file) never stops the decision: the child runs uncached and the verdict carries an
     ``uncached`` note for the caller's one log line.
     """
-    directory = Path(settings.cache_dir) / "selftest" if settings.cache_dir is not None else None
+    directory = settings.cache_subdir("selftest")
     try:
         if directory is None:
             raise FileNotFoundError("no home directory and GOVINDA_CACHE_DIR unset")

@@ -103,7 +103,10 @@ def cache_path(settings, shape: TuneShape, device_label: str, arch_key: str) -> 
     # Keyed like the self-test verdict (device model, kernel sources, torch/triton, visible
     # devices), plus the table in force and the shape (a tensor-parallel rank's head counts).
     extra = hashlib.sha256(f"{device_label}|{arch_key}".encode()).hexdigest()[:12]
-    return Path(settings.cache_dir) / "tune" / f"{_cache_key(device_label)}-{extra}-{shape.key()}.json"
+    directory = settings.cache_subdir("tune")
+    if directory is None:
+        raise FileNotFoundError("no home directory and GOVINDA_CACHE_DIR unset: no cache for tuned configs")
+    return directory / f"{_cache_key(device_label)}-{extra}-{shape.key()}.json"
 
 
 def cached_or_tuned(settings, shape: TuneShape, device, arch_key: str, device_label: str) -> dict:
