@@ -7,6 +7,8 @@ It must stay tiny and must never break an interpreter:
   alone costs ~15-60 ms). When ``vllm`` finishes importing, ``govinda_patch.bootstrap`` reads
   ``patches.yaml`` and registers wrapt post-import hooks for each patch's target modules.
 Errors are reported on stderr and the overlay stays off; ``GOVINDA_STRICT=1`` re-raises them.
+The switches are parsed by ``govinda_patch.settings`` alone (stdlib only), which is imported here
+only when ``GOVINDA_DISABLE`` or ``GOVINDA_STRICT`` is set at all.
 
 Two copies of the repo on the path (a symlink, a second checkout) must not chain into each other:
 every sitecustomize of ours is skipped when looking for the shadowed one, and a guard in
@@ -24,8 +26,25 @@ _GUARD = "_govinda_sitecustomize_guard"
 _OURS = b"class _VllmImportTrigger"
 
 
+def _setting(variable, attribute, if_unreadable):
+    """The overlay's parse of a global switch; unset costs no import."""
+    if not os.environ.get(variable, "").strip():
+        return False
+    try:
+        from govinda_patch import settings
+
+        return getattr(settings.current(), attribute)
+    except Exception:
+        return if_unreadable
+
+
 def _strict():
-    return os.environ.get("GOVINDA_STRICT", "").strip().lower() in ("1", "true", "yes", "on")
+    return _setting("GOVINDA_STRICT", "strict", False)
+
+
+def _disabled():
+    # A kill switch that cannot be read keeps the overlay off.
+    return _setting("GOVINDA_DISABLE", "disabled", True)
 
 
 def _report(what, exc):
@@ -129,7 +148,7 @@ def _start():
         _report("shadowed sitecustomize failed", exc)
 
     try:
-        if os.environ.get("GOVINDA_DISABLE", "").strip().lower() not in ("1", "true", "yes", "on"):
+        if not _disabled():
             if "vllm" in sys.modules:
                 from govinda_patch import bootstrap
 

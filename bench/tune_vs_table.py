@@ -2,7 +2,7 @@
 """Self-tuned launch configs against the hand-written table, side by side in one run.
 
 1. Tunes the Qwen3.5-27B attention shape (24 q / 4 kv heads, D=256, block size 1552, bf16) the
-   way a server's first start does (``govinda_patch.tuner.cached_or_tuned``: a child process,
+   way a server's first start does (``govinda_patch.int8.tuner.cached_or_tuned``: a child process,
    a fresh cache folder, ``GOVINDA_TUNE=force``), starting from the neutral ``cuda_default``
    table and the neutral NVIDIA candidate grid (``GOVINDA_KERNEL_ARCH=cuda_default`` for the
    child), and records what that first start paid; then reads the cached choice as a later
@@ -40,7 +40,7 @@ SMOKE_KEY = "interpreter"  # the CPU smoke run tunes the interpreter's tiny tile
 
 def tune_like_a_first_start(shape, device, budget_s: float, cache_dir: Path, neutral_key: str) -> Dict[str, Any]:
     """Run the tuner through its cache as a server start does; time the first and a later start."""
-    from govinda_patch import tuner
+    from govinda_patch.int8 import tuner
     from govinda_patch.settings import Settings
 
     saved = {k: os.environ.get(k) for k in ("GOVINDA_KERNEL_ARCH", "GOVINDA_TUNE", "GOVINDA_TUNE_BUDGET_S", "GOVINDA_CACHE_DIR")}
@@ -124,7 +124,7 @@ def time_case(ctx: Context, name: str, seq_lens: List[int], query_lens: List[int
 
 
 def run(args: argparse.Namespace) -> Dict[str, Any]:
-    from govinda_patch import tuner
+    from govinda_patch.int8 import tuner
     from govinda_patch.kernel_package import import_kernel
 
     options = BenchOptions(smoke=args.smoke, no_bs16=True, rep_ms=args.rep_ms, seed=args.seed)

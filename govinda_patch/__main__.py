@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from . import docs
 from .config import PatchConfigError
@@ -60,21 +61,20 @@ def _doctor(args) -> int:
             except Exception as exc:
                 problems += 1
                 print(f"  MISSING  {entry.spec.name}: {target.label}: {type(exc).__name__}: {clip(exc)}")
-    for group in overlay.table.groups:
-        if group.kernel_selftest:
-            from .selftest import cached_verdict
+    from .guards import run_guard
 
-            try:
-                verdict = cached_verdict(overlay.settings)
-            except Exception as exc:
-                verdict = {"ok": False, "reason": f"self-test could not run: {type(exc).__name__}: {clip(exc)}"}
-            print(f"  self-test for group {group.name}: {'passed' if verdict.get('ok') else 'FAILED'} {clip(verdict, 1000)}")
-            problems += 0 if verdict.get("ok") else 1
+    checking = replace(overlay.settings, selftest="auto")  # doctor runs the checks GOVINDA_SELFTEST=skip trusts
+    for group in overlay.table.groups:
+        if group.guard is not None:
+            verdict = run_guard(group.guard, checking)
+            outcome = "passed" if verdict.ok else "FAILED"
+            print(f"  self-test for group {group.name}: {outcome} (guard {group.guard}) {clip(verdict.message, 1000)}")
+            problems += 0 if verdict.ok else 1
     return 1 if problems else 0
 
 
 def _counters(args) -> int:
-    from .counters import read_all
+    from .int8.counters import read_all
 
     snapshots = read_all()
     if not snapshots:
@@ -86,7 +86,7 @@ def _counters(args) -> int:
 
 
 def _selftest(args) -> int:
-    from .selftest import main_json, run_selftest
+    from .int8.selftest import main_json, run_selftest
 
     if args.json:
         return main_json(args.device_index)
@@ -96,7 +96,7 @@ def _selftest(args) -> int:
 
 
 def _tune(args) -> int:
-    from .tuner import main_cached, main_json
+    from .int8.tuner import main_cached, main_json
 
     if args.cached:
         return main_cached(args.shape, args.device_index)
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m govinda_patch", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("status", help="print the effective patch plan (does not import vLLM)")
-    commands.add_parser("doctor", help="import vLLM, resolve every target, run the kernel self-test")
+    commands.add_parser("doctor", help="import vLLM, resolve every target, run each group's guard (the kernel self-test)")
     commands.add_parser("counters", help="print the dispatch counters written by vLLM processes")
     selftest = commands.add_parser("selftest", help="run the INT8 kernel self-test in this process")
     selftest.add_argument("--json", action="store_true", help="one JSON line (used by the cached self-test)")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from . import settings as settings_module
 from .manager import PENDING, GovindaStrictError, Overlay, configure_logging
-from .settings import Settings
+from .settings import settings_for
 
 logger = logging.getLogger("govinda")
 
@@ -19,7 +18,7 @@ def plan_and_report(environ=None) -> Overlay | None:
 
     Returns None when the overlay is off in this process. Never raises unless strict.
     """
-    settings = settings_module.current() if environ is None else Settings.from_env(environ)
+    settings = settings_for(environ)
     configure_logging(settings.log_level)
     if settings.disabled:
         return None

@@ -20,7 +20,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from . import yaml_loader
 from .excerpt import clip, excerpt
-from .settings import GLOBAL_SWITCHES
+from .guards import GUARDS
+from .settings import GLOBAL_SWITCHES, PLATFORMS
 
 IMPLEMENTATION_PACKAGE = "govinda_patch.patches"
 NAME_PATTERN = r"[a-z][a-z0-9_]*"
@@ -28,7 +29,6 @@ ENV_PATTERN = r"GOVINDA_[A-Z0-9_]+"
 MODULE_PATTERN = r"vllm(\.[A-Za-z_][A-Za-z0-9_]*)*"
 ATTRIBUTE_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
 IMPLEMENTATION_PATTERN = re.escape(IMPLEMENTATION_PACKAGE) + r"\.[a-z_][a-z0-9_]*"
-PLATFORMS = ("rocm", "cuda")
 
 
 class PatchConfigError(ValueError):
@@ -81,8 +81,8 @@ class GroupSpec:
     name: str
     summary: str
     env: str
-    # Run the INT8 kernel self-test before the group may take effect in a process.
-    kernel_selftest: bool = False
+    # A check that must pass once per process before the group may take effect (guards.GUARDS).
+    guard: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -133,10 +133,16 @@ def _specifiers(where, value):
     return tuple(value)
 
 
-def _platform(where, value):
-    if not isinstance(value, str) or value not in PLATFORMS:
-        raise _Invalid(where, f"{excerpt(value)} must be one of {PLATFORMS}")
-    return value
+def _one_of(choices) -> Callable:
+    def check(where, value):
+        if not isinstance(value, str) or value not in choices:
+            raise _Invalid(where, f"{excerpt(value)} must be one of {tuple(choices)}")
+        return value
+
+    return check
+
+
+_platform = _one_of(PLATFORMS)
 
 
 def _platforms(where, value):
@@ -201,7 +207,7 @@ GROUP_RULES = {
     "name": _matching(NAME_PATTERN, NAME_PATTERN),
     "summary": _text,
     "env": _matching(ENV_PATTERN, ENV_PATTERN),
-    "kernel_selftest": _boolean,
+    "guard": _one_of(sorted(GUARDS)),
 }
 
 
@@ -213,7 +219,7 @@ def _schema_version(where, value):
 
 TABLE_RULES = {
     "schema_version": _schema_version,
-    "groups": _list_of(lambda w, v: _record(w, v, GroupSpec, GROUP_RULES, optional=("kernel_selftest",))),
+    "groups": _list_of(lambda w, v: _record(w, v, GroupSpec, GROUP_RULES, optional=("guard",))),
     "patches": _list_of(lambda w, v: _record(w, v, PatchSpec, PATCH_RULES)),
 }
 

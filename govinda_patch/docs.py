@@ -59,8 +59,8 @@ def render_patch_doc() -> str:
     out = [GENERATED_NOTE.format(command="patch-doc"), "# Patches\n", "Source: `patches.yaml`.\n"]
     for group in table.groups:
         out += [f"## Group `{group.name}`\n", f"{group.summary} Switch: `{group.env}`."]
-        if group.kernel_selftest:
-            out.append("A one-time kernel self-test must pass before any member takes effect.")
+        if group.guard is not None:
+            out.append(f"Guard `{group.guard}`: a one-time check that must pass before any member takes effect.")
         out.append("")
         for patch in table.members(group.name):
             out += [

@@ -7,27 +7,27 @@ Groups are all-or-nothing: a member that is switched off or skipped disables the
 that fails reverts every member already applied; a member that can never apply (its target module
 or implementation is not installed) disables its group at plan time, before any effect reaches vLLM.
 Wrappers consult ``group_active()`` on every call: it is False until every member whose module is
-imported has landed, it runs a kernel group's one-time self-test (a failed self-test reverts the
-whole group), and it never raises outside strict mode (it runs inside vLLM's backend selection).
+imported has landed, it runs the group's declared guard once (``guard:`` in patches.yaml, e.g. a
+kernel self-test; a failed guard reverts the whole group), and it never raises outside strict mode
+(it runs inside vLLM's backend selection).
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import os
 import sys
 from dataclasses import dataclass, field
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from . import settings as settings_module
 from .config import GroupSpec, PatchSpec, PatchTable, TargetSpec, load_table
 from .excerpt import clip, excerpt
+from .guards import run_guard
 from .module_lookup import module_findable
 from .patching import PatchRecord, resolve_owner
-from .settings import Settings, parse_switch
+from .settings import REPO_ROOT, Settings, parse_switch, settings_for
 from .switch_names import unknown_switch_warning
 from .versions import detect_platform, release_of, stack_versions
 
@@ -71,7 +71,7 @@ def skipped_copy_warnings() -> list[str]:
     copies = list(getattr(guard, "skipped_copies", None) or ())
     if not copies:
         return []
-    return [f"other copies of the overlay on the path are skipped: {clip(', '.join(map(str, copies)), 600)}; the one in use is {settings_module.REPO_ROOT}"]
+    return [f"other copies of the overlay on the path are skipped: {clip(', '.join(map(str, copies)), 600)}; the one in use is {REPO_ROOT}"]
 
 
 def version_matches(version: str | None, specifiers: list[str]) -> bool:
@@ -137,14 +137,17 @@ class Overlay:
     @classmethod
     def from_environment(cls, environ=None, settings: Settings | None = None) -> "Overlay":
         if settings is None:
-            settings = settings_module.current() if environ is None else Settings.from_env(environ)
+            settings = settings_for(environ)
         table = load_table(settings.patches_file)
         overlay = cls(settings, table, stack_versions(), detect_platform(settings.platform_override))
         overlay.warnings += skipped_copy_warnings()
-        overlay.plan(os.environ if environ is None else environ)
+        overlay.plan()
         return overlay
 
-    def plan(self, environ) -> None:
+    def plan(self, environ=None) -> None:
+        """Decide every patch's state; the table's switches are read from ``environ`` (default:
+        the ``GOVINDA_*`` variables the settings were parsed from)."""
+        environ = self.settings.switches if environ is None else environ
         valid_names = sorted(self.entries) + sorted(g.name for g in self.table.groups)
         explicit = None
         if self.settings.explicit_set is not None:
@@ -313,25 +316,17 @@ class Overlay:
         if group_name in self.verified_groups:
             return True
         group: GroupSpec = self.table.group(group_name)
-        if group.kernel_selftest and self.settings.selftest == "auto":
-            from .selftest import cached_verdict
-
-            try:
-                verdict = cached_verdict(self.settings)
-            except Exception as exc:
-                verdict = {"ok": False, "reason": f"self-test could not run: {type(exc).__name__}: {clip(exc)}"}
-            uncached = verdict.get("uncached")
-            if not verdict.get("ok"):
-                reason = clip(verdict.get("reason") or "unknown", 300) + (f" ({uncached})" if uncached else "")
-                self.fail_group(group_name, f"kernel self-test failed: {reason}")
+        if group.guard is not None:
+            verdict = run_guard(group.guard, self.settings)
+            if not verdict.ok:
+                self.fail_group(group_name, verdict.message)
                 return False
-            passed = f"kernel self-test passed on {verdict.get('device')} ({clip(verdict.get('summary', ''), 300)})"
-            if uncached:
+            if verdict.warning:
                 if self.settings.strict:
-                    raise GovindaStrictError(f"{passed}, but {uncached}")
-                logger.warning("%s, but %s", passed, uncached)
-            else:
-                logger.info(passed)
+                    raise GovindaStrictError(verdict.warning)
+                logger.warning(verdict.warning)
+            elif verdict.message:
+                logger.info(verdict.message)
         self.verified_groups.add(group_name)
         return True
 

@@ -3,15 +3,19 @@
 Per-patch and per-group switches are declared in ``patches.yaml`` (``env:`` keys); this module
 holds the switches that exist regardless of the table. Malformed values never raise: they produce
 one warning that lists the valid choices and says what applies instead (strict mode turns the
-warning into an error at apply time). ``current()`` parses ``os.environ`` once per process.
+warning into an error at apply time).
+
+``current()`` is the one ``Settings`` of this process, parsed once from ``os.environ`` and shared by
+every reader (sitecustomize, the loader, the feature); it keeps the raw ``GOVINDA_*`` variables too,
+from which the planner reads the table's own switches. Stdlib only: sitecustomize may import it.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from .excerpt import excerpt
 
@@ -21,7 +25,8 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SELFTEST_MODES = ("auto", "skip")
 TUNE_MODES = ("auto", "off", "force")
 DEFAULT_TUNE_BUDGET_S = 60.0
-PLATFORMS = ("rocm", "cuda")
+PLATFORMS = ("rocm", "cuda")  # also the values patches.yaml accepts (config.py)
+PREFIX = "GOVINDA_"
 # Must equal kernels/kv_rotation.py ROTATIONS (tests check it); read here without importing torch.
 KV_ROTATIONS = ("none", "hadamard")
 # Off by default: the rotation is more accurate at no extra bytes, but costs 6-27% decode and 2-8%
@@ -143,16 +148,14 @@ def _read_seconds(environ, name: str, default: float, warnings: list[str]) -> fl
     return default
 
 
-def kv_rotation(environ=None, warnings: list[str] | None = None) -> str:
+def kv_rotation(environ=None) -> str:
     """The KV rotation every process of a server uses (``GOVINDA_KV_ROTATION``)."""
-    environ = os.environ if environ is None else environ
-    return _read_choice(environ, "GOVINDA_KV_ROTATION", KV_ROTATIONS, DEFAULT_KV_ROTATION, [] if warnings is None else warnings)
+    return settings_for(environ).kv_rotation
 
 
-def prefill_kernel(environ=None, warnings: list[str] | None = None) -> str:
-    """``GOVINDA_PREFILL_KERNEL``: auto | triton | fa3 (govinda_patch/prefill_kernel.py resolves auto)."""
-    environ = os.environ if environ is None else environ
-    return _read_choice(environ, "GOVINDA_PREFILL_KERNEL", PREFILL_KERNELS, "auto", [] if warnings is None else warnings)
+def prefill_kernel(environ=None) -> str:
+    """``GOVINDA_PREFILL_KERNEL``: auto | triton | fa3 (govinda_patch/int8/prefill_kernel.py resolves auto)."""
+    return settings_for(environ).prefill_kernel
 
 
 def parse_switch(environ, name: str, warnings: list[str], fallback: str) -> bool | None:
@@ -188,6 +191,12 @@ class Settings:
     kv_rotation: str = DEFAULT_KV_ROTATION
     prefill_kernel: str = "auto"
     warnings: list[str] = field(default_factory=list)
+    # Every GOVINDA_* variable as set (the table's per-group and per-patch switches among them).
+    switches: Mapping[str, str] = field(default_factory=dict)
+
+    def cache_subdir(self, name: str) -> Path | None:
+        """``<GOVINDA_CACHE_DIR>/<name>``; None without a cache directory (no home, variable unset)."""
+        return None if self.cache_dir is None else Path(self.cache_dir) / name
 
     @classmethod
     def from_env(cls, environ=None) -> "Settings":
@@ -210,9 +219,10 @@ class Settings:
             tune_budget_s=_read_seconds(environ, "GOVINDA_TUNE_BUDGET_S", DEFAULT_TUNE_BUDGET_S, warnings),
             cache_dir=cache_dir_from(environ),
             platform_override=platform,
-            kv_rotation=kv_rotation(environ, warnings),
-            prefill_kernel=prefill_kernel(environ, warnings),
+            kv_rotation=_read_choice(environ, "GOVINDA_KV_ROTATION", KV_ROTATIONS, DEFAULT_KV_ROTATION, warnings),
+            prefill_kernel=_read_choice(environ, "GOVINDA_PREFILL_KERNEL", PREFILL_KERNELS, "auto", warnings),
             warnings=warnings,
+            switches=_switches_of(environ),
         )
 
 
@@ -234,7 +244,24 @@ def cache_dir_from(environ) -> Path | None:
         return Path(raw)
 
 
-@functools.lru_cache(maxsize=1)
+def _switches_of(environ) -> dict[str, str]:
+    return {name: value for name, value in environ.items() if name.startswith(PREFIX)}
+
+
+_current: Settings | None = None
+
+
 def current() -> Settings:
-    """This process's settings, parsed once from ``os.environ`` (the switches are read at start-up)."""
-    return Settings.from_env(os.environ)
+    """This process's settings, parsed once from ``os.environ`` (a server's switches are set before
+    it starts). A process that changes a ``GOVINDA_*`` variable later (tests, tools) gets them
+    parsed again on its next read, never a stale answer."""
+    global _current
+    settings = _current
+    if settings is None or settings.switches != _switches_of(os.environ):
+        settings = _current = Settings.from_env(os.environ)
+    return settings
+
+
+def settings_for(environ=None) -> Settings:
+    """``current()``, or the settings of an explicit environment mapping (tests, the CLI)."""
+    return current() if environ is None else Settings.from_env(environ)

@@ -10,9 +10,8 @@ from __future__ import annotations
 import difflib
 
 from .excerpt import clip
-from .settings import GLOBAL_SWITCHES
+from .settings import GLOBAL_SWITCHES, PREFIX
 
-PREFIX = "GOVINDA_"
 MAX_NAMED = 8  # the warning names at most this many variables
 
 

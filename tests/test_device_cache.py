@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from govinda_patch import device_cache, selftest, tuner
+from govinda_patch.int8 import device_cache, selftest, tuner
 from govinda_patch.settings import Settings
 
 H200 = SimpleNamespace(name="NVIDIA H200", major=9, minor=0, multi_processor_count=132, gcnArchName="")

@@ -131,7 +131,7 @@ def test_two_copies_on_the_path_chain_once_to_the_foreign_sitecustomize(child, b
     symlink_only = dict(base_env, PYTHONPATH=os.pathsep.join([str(REPO), str(link), str(foreign)]))
     result = child(code, symlink_only)
     assert result.returncode == 0, result
-    assert result.result == {"foreign_runs": 1, "triggers": 1, "custom": "govinda_patch.int8_backend.GovindaInt8AttentionBackend"}
+    assert result.result == {"foreign_runs": 1, "triggers": 1, "custom": "govinda_patch.int8.backend.GovindaInt8AttentionBackend"}
     assert _problems(result) == [] and "RecursionError" not in result.stderr, result  # the same files: nothing to say
 
     env = dict(base_env, PYTHONPATH=os.pathsep.join([str(REPO), str(link), str(second), str(foreign)]))
@@ -232,7 +232,7 @@ def _overlay(**environ):
 
 
 def test_a_passing_selftest_with_an_unusable_cache_warns_once(monkeypatch, tmp_path, overlay_log):
-    from govinda_patch import selftest
+    from govinda_patch.int8 import selftest
     from govinda_patch.manager import GovindaStrictError
 
     # The child is the expensive part (a real kernel run); what is tested here is the cache around it.
@@ -266,7 +266,7 @@ def test_a_member_whose_module_is_imported_but_not_patched_keeps_the_group_inact
 
 
 def test_group_active_never_raises_outside_strict_mode(monkeypatch, overlay_log):
-    from govinda_patch import selftest
+    from govinda_patch.int8 import selftest
 
     def broken(settings):
         raise PermissionError(13, "Permission denied")
@@ -276,3 +276,29 @@ def test_group_active_never_raises_outside_strict_mode(monkeypatch, overlay_log)
     assert overlay.group_active("int8_kv") is False
     errors = [l for l in overlay_log if l.startswith("ERROR")]
     assert len(errors) == 1 and "self-test could not run: PermissionError" in errors[0], overlay_log
+
+
+def test_an_unknown_or_broken_guard_leaves_vllm_stock_with_one_line(monkeypatch, tmp_path, overlay_log):
+    from govinda_patch import bootstrap, guards
+    from govinda_patch.manager import GovindaStrictError
+
+    declared = "    guard: kernel_selftest\n"
+    base = (REPO / "patches.yaml").read_text()
+    assert declared in base
+    for name in ("kernel_self_test", "x" * 5000):
+        table = _table(tmp_path, base.replace(declared, f"    guard: {name}\n"))
+        env = {"GOVINDA_PLATFORM": "rocm", "GOVINDA_PATCHES_FILE": str(table)}
+        overlay_log.clear()
+        assert bootstrap.plan_and_report(env) is None  # no overlay: nothing is hooked, vLLM stays stock
+        errors = [line for line in overlay_log if line.startswith(("WARNING", "ERROR"))]
+        assert len(errors) == 1 and len(errors[0]) < MAX_LINE, overlay_log
+        assert "overlay off" in errors[0] and "groups[0] (int8_kv).guard" in errors[0] and "kernel_selftest" in errors[0]
+        with pytest.raises(GovindaStrictError, match="guard"):
+            bootstrap.plan_and_report(dict(env, GOVINDA_STRICT="1"))
+    # A registered guard whose check cannot be imported fails its group, never the caller.
+    monkeypatch.setitem(guards.GUARDS, "kernel_selftest", "govinda_patch.int8.no_such_module:check")
+    overlay_log.clear()
+    overlay = _overlay(GOVINDA_SELFTEST="auto")
+    assert overlay.group_active("int8_kv") is False
+    errors = [line for line in overlay_log if line.startswith("ERROR")]
+    assert len(errors) == 1 and "guard kernel_selftest could not run: ModuleNotFoundError" in errors[0], overlay_log

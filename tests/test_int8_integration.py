@@ -14,7 +14,7 @@ import pytest
 from overlay_testing import REPO
 
 QWEN35 = REPO / "tests" / "models" / "qwen3_5-27b-shape"
-BACKEND_PATH = "govinda_patch.int8_backend.GovindaInt8AttentionBackend"
+BACKEND_PATH = "govinda_patch.int8.backend.GovindaInt8AttentionBackend"
 
 ENGINE_CONFIG = f"""
 from vllm.engine.arg_utils import EngineArgs
@@ -55,7 +55,7 @@ def test_selection_resolves_to_our_backend_class(child, dcu_env):
         return current_platform.get_attn_backend_cls(None, config)
 
     ours = resolve_obj_by_qualname(select(256))
-    from govinda_patch.int8_backend import GovindaInt8AttentionBackend
+    from govinda_patch.int8.backend import GovindaInt8AttentionBackend
     report({"platform": type(current_platform).__name__, "d256": select(256), "d96": select(96),
             "is_class": ours is GovindaInt8AttentionBackend})
     """
@@ -149,9 +149,9 @@ def test_qwen35_alignment_spec_and_unification(child, dcu_env):
 def test_raw_cache_views_into_backend_shape_and_builder_checks_pages(child, dcu_env):
     code = ENGINE_CONFIG + textwrap.dedent("""
     import torch
-    from govinda_patch.int8_backend import GovindaInt8AttentionBackend, GovindaInt8MetadataBuilder
+    from govinda_patch.int8.backend import GovindaInt8AttentionBackend, GovindaInt8MetadataBuilder
     from govinda_patch.kernel_package import import_kernel
-    from govinda_patch.patches.int8_kv_cache_spec import int8_spec_for
+    from govinda_patch.int8.kv_spec import int8_spec_for
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     layout = import_kernel("int8_kv_layout")
@@ -197,9 +197,9 @@ json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden
 cfg = EngineArgs(model=model_dir, max_model_len=1024, load_format="dummy", skip_tokenizer_init=True,
                  dtype="float16").create_engine_config()
 
-from govinda_patch.int8_backend import GovindaInt8AttentionImpl, GovindaInt8MetadataBuilder
+from govinda_patch.int8.backend import GovindaInt8AttentionImpl, GovindaInt8MetadataBuilder
 from govinda_patch.kernel_package import import_kernel
-from govinda_patch.patches.int8_kv_cache_spec import int8_spec_for
+from govinda_patch.int8.kv_spec import int8_spec_for
 
 layout = import_kernel("int8_kv_layout")
 attention = import_kernel("int8_paged_attention")
@@ -269,7 +269,7 @@ for seq, (q_len, s_len) in enumerate(zip(query_lens, seq_lens)):
 exact = torch.cat(exact)
 # The FA3 prefill path with the torch varlen reference in FA3's place (no FA3 on a CPU): the
 # builder sizes it from the metadata's CPU copies; the same cache must give the same attention.
-from govinda_patch import prefill_kernel
+from govinda_patch.int8 import prefill_kernel
 gather = import_kernel("int8_kv_gather")
 assert builder.prefill.name == "triton" and metadata.gathered_prefill is None
 builder.prefill = prefill_kernel.PrefillChoice("fa3", gather.varlen_attention_reference, "test")

@@ -43,7 +43,7 @@ def test_python_startup_imports_neither_torch_nor_vllm(child, base_env):
 def test_importing_vllm_applies_the_patches(child, base_env):
     result = child(PATCHED_PROBE, base_env)
     assert result.returncode == 0, result
-    assert result.result["custom_backend"] == "govinda_patch.int8_backend.GovindaInt8AttentionBackend"
+    assert result.result["custom_backend"] == "govinda_patch.int8.backend.GovindaInt8AttentionBackend"
     assert result.result["compute_hash_wrapped"] is True
     status = [line for line in result.govinda_lines() if "status:" in line]
     assert len(status) == 1, result.govinda_lines()
@@ -104,7 +104,7 @@ def test_spawned_children_are_patched(child, base_env):
     done = subprocess.run([sys.executable, str(script)], env=base_env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     line = [l for l in done.stdout.splitlines() if l.startswith("RESULT-JSON:")][-1]
-    assert '"child": "govinda_patch.int8_backend.GovindaInt8AttentionBackend"' in line
+    assert '"child": "govinda_patch.int8.backend.GovindaInt8AttentionBackend"' in line
     assert '"parent_imported_vllm": false' in line
 
 

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import torch
 
-from govinda_patch import prefill_kernel
+from govinda_patch.int8 import prefill_kernel
 from govinda_patch.kernel_package import import_kernel
 from govinda_patch.settings import PREFILL_KERNELS, Settings
 

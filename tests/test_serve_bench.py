@@ -597,7 +597,7 @@ def test_h200_bench_serve_sides_file(tmp_path, monkeypatch):
     assert all(counts[name]["count"] == 0 for name in fa3_prefill), counts
     import torch
 
-    from govinda_patch import prefill_kernel
+    from govinda_patch.int8 import prefill_kernel
     from govinda_patch.kernel_package import import_kernel
 
     monkeypatch.setattr(prefill_kernel, "fa3_varlen", lambda: (print, "FA3 (vllm.vllm_flash_attn)"))

@@ -41,7 +41,7 @@ try:
     from vllm.v1.core.kv_cache_planning import get_kv_cache_groups  # vLLM >= 0.33
 except ImportError:
     from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
-from govinda_patch.int8_backend import GovindaInt8MetadataBuilder
+from govinda_patch.int8.backend import GovindaInt8MetadataBuilder
 
 dense_dir = tempfile.mkdtemp()
 json.dump({DENSE!r}, open(os.path.join(dense_dir, "config.json"), "w"))

@@ -101,7 +101,7 @@ def test_cache_views_laid_out_by_vllm_hold_our_pages(child, dcu_env):
     import torch
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheTensor, create_kv_cache_views
-    from govinda_patch.int8_backend import GovindaInt8AttentionBackend, GovindaInt8AttentionImpl, as_page_rows
+    from govinda_patch.int8.backend import GovindaInt8AttentionBackend, GovindaInt8AttentionImpl, as_page_rows
 
     stock = FullAttentionSpec(block_size=32, num_kv_heads=2, head_size=64, dtype=torch.float16)
     spec = GovindaInt8AttentionBackend.customize_spec(stock)

@@ -165,7 +165,7 @@ class Context:
             self.vllm, self.vllm_error = None, f"{type(error).__name__}: {error}"
         self.fa3, self.fa3_varlen = (None, "not asked for (--fa3)"), None
         if options.fa3 and not options.smoke:
-            from govinda_patch.prefill_kernel import fa3_interface, fa3_varlen
+            from govinda_patch.int8.prefill_kernel import fa3_interface, fa3_varlen
 
             self.fa3, (self.fa3_varlen, _) = fa3_interface(), fa3_varlen()
 

@@ -6,7 +6,7 @@ import hashlib
 
 
 def apply(ctx) -> None:
-    from govinda_patch.selftest import kernel_sources_digest
+    from govinda_patch.int8.fingerprint import kernel_sources_digest
 
     overlay = ctx.overlay
 

@@ -18,7 +18,7 @@ logger = logging.getLogger("govinda")
 
 
 def _int8_spec_factory(stock_spec_cls):
-    from govinda_patch.patches.int8_kv_cache_spec import int8_spec_for
+    from govinda_patch.int8.kv_spec import int8_spec_for
 
     def build(**kwargs):
         return int8_spec_for(stock_spec_cls(**kwargs))
@@ -36,7 +36,7 @@ def _log_result(cache_config) -> None:
 
 def _wrap_config_verifier(ctx) -> None:
     config_module = ctx.module
-    from govinda_patch.int8_kv import int8_serves_model
+    from govinda_patch.int8.kv_spec import int8_serves_model
 
     def align_with_int8_pages(wrapped, instance, args, kwargs):
         vllm_config = args[0] if args else kwargs["vllm_config"]
@@ -65,7 +65,7 @@ def _sizes_token_through_backend() -> bool:
 
 
 def _wrap_platform_aligner(ctx) -> None:
-    from govinda_patch.int8_kv import BACKEND_PATH
+    from govinda_patch.int8.kv_spec import BACKEND_PATH
 
     def align_with_int8_pages(wrapped, instance, args, kwargs):
         vllm_config = args[0] if args else kwargs["vllm_config"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from govinda_patch.int8_kv import BACKEND_PATH
+from govinda_patch.int8.kv_spec import BACKEND_PATH
 
 
 def apply(ctx) -> None:

@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from govinda_patch import tuner
+from govinda_patch.int8 import tuner
 from govinda_patch.kernel_package import import_kernel
 from govinda_patch.settings import Settings
 
@@ -146,7 +146,7 @@ def _settings(tmp_path, **env):
 
 
 def test_choice_is_cached_per_shape_and_force_retunes(tmp_path, monkeypatch):
-    from govinda_patch import selftest
+    from govinda_patch.int8 import selftest
 
     good = {"ok": True, "choice": lc.choice_from_table(TABLE, 64).to_json(), "elapsed_s": 1.0}
     child = _Recorder(good)
@@ -167,7 +167,7 @@ def test_choice_is_cached_per_shape_and_force_retunes(tmp_path, monkeypatch):
 
 
 def test_failed_tuning_is_not_cached(tmp_path, monkeypatch):
-    from govinda_patch import selftest
+    from govinda_patch.int8 import selftest
 
     child = _Recorder({"ok": False, "reason": "tuning timed out", "cacheable": False})
     monkeypatch.setattr(selftest, "_run_in_child", child)

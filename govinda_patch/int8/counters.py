@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from .settings import cache_dir_from
+from ..settings import current as current_settings
 
 logger = logging.getLogger("govinda")
 
@@ -23,8 +23,7 @@ _counts: Counter = Counter()
 
 
 def counters_dir() -> Path | None:
-    base = cache_dir_from(os.environ)
-    return None if base is None else base / "counters"
+    return current_settings().cache_subdir("counters")
 
 
 def bump(name: str) -> None:

@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from .settings import prefill_kernel as prefill_kernel_switch
+from ..settings import prefill_kernel as prefill_kernel_switch
 
 logger = logging.getLogger("govinda")
 

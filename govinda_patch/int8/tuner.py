@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from .kernel_package import import_kernel
+from ..kernel_package import import_kernel
 
 TUNE_TIMEOUT_MARGIN_S = 180  # child start-up, imports and the last compile on top of the budget
 
@@ -103,7 +103,10 @@ def cache_path(settings, shape: TuneShape, device_label: str, arch_key: str) -> 
     # Keyed like the self-test verdict (device model, kernel sources, torch/triton, visible
     # devices), plus the table in force and the shape (a tensor-parallel rank's head counts).
     extra = hashlib.sha256(f"{device_label}|{arch_key}".encode()).hexdigest()[:12]
-    return Path(settings.cache_dir) / "tune" / f"{_cache_key(device_label)}-{extra}-{shape.key()}.json"
+    directory = settings.cache_subdir("tune")
+    if directory is None:
+        raise FileNotFoundError("no home directory and GOVINDA_CACHE_DIR unset: no cache for tuned configs")
+    return directory / f"{_cache_key(device_label)}-{extra}-{shape.key()}.json"
 
 
 def cached_or_tuned(settings, shape: TuneShape, device, arch_key: str, device_label: str) -> dict:
@@ -139,10 +142,10 @@ def cached_or_tuned(settings, shape: TuneShape, device, arch_key: str, device_la
 
 @functools.lru_cache(maxsize=None)
 def _launch_configs_for(settings_key: tuple, shape: TuneShape, device_str: str):
-    from .settings import Settings
+    from ..settings import current as current_settings
 
     lc = import_kernel("launch_configs")
-    settings = Settings.from_env()
+    settings = current_settings()
     import torch
 
     device = torch.device(device_str)
@@ -352,7 +355,7 @@ def run_tuning(
     """Pick, per part, the fastest candidate that matches the reference, within ``budget_s``.
 
     ``tune_prefill`` (default: whether the Triton kernel runs prefills here,
-    govinda_patch/prefill_kernel.py) skips the prefill part when another kernel does."""
+    govinda_patch/int8/prefill_kernel.py) skips the prefill part when another kernel does."""
     lc = import_kernel("launch_configs")
     started = clock()
     deadline = started + budget_s

@@ -17,22 +17,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
+from ..settings import KV_ROTATIONS, kv_rotation, prefill_kernel
+from ..versions import stack_versions
 from .device_cache import current_device_index, device_key, write_json_atomically
-from .kernel_package import KERNELS_DIR
-from .settings import KV_ROTATIONS, kv_rotation, prefill_kernel
-from .versions import stack_versions
+from .fingerprint import kernel_sources_digest
 
 SELFTEST_TIMEOUT_S = 600
-
-
-def kernel_sources_digest() -> str:
-    digest = hashlib.sha256()
-    for path in sorted(KERNELS_DIR.glob("*.py")):
-        digest.update(path.name.encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def _cache_key(device: str) -> str:
@@ -58,7 +49,7 @@ def cached_verdict(settings) -> dict:
     regular file) never stops the decision: the child runs uncached and the verdict carries an
     ``uncached`` note for the caller's one log line.
     """
-    directory = Path(settings.cache_dir) / "selftest" if settings.cache_dir is not None else None
+    directory = settings.cache_subdir("selftest")
     try:
         if directory is None:
             raise FileNotFoundError("no home directory and GOVINDA_CACHE_DIR unset")
@@ -143,7 +134,7 @@ def run_selftest(device_index=None) -> dict:
 
 
 def _check_kernels(torch, device, rotation: str) -> dict:
-    from .kernel_package import import_kernel
+    from ..kernel_package import import_kernel
 
     layout = import_kernel("int8_kv_layout")
     store = import_kernel("int8_kv_store")

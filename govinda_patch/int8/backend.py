@@ -32,9 +32,9 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
 from . import counters, prefill_kernel, tuner
-from .int8_kv import BACKEND_NAME, SUPPORTED_HEAD_SIZES, model_head_size
-from .kernel_package import import_kernel
-from .settings import kv_rotation
+from ..kernel_package import import_kernel
+from ..settings import kv_rotation
+from .kv_spec import BACKEND_NAME, SUPPORTED_HEAD_SIZES, check_hybrid_pages, int8_spec_for, model_head_size
 
 logger = logging.getLogger("govinda")
 
@@ -100,8 +100,6 @@ class GovindaInt8MetadataBuilder(AttentionMetadataBuilder[GovindaInt8Metadata]):
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         # The block size is final here (after vLLM unified page sizes): hybrid pages must match.
-        from .patches.int8_kv_cache_spec import check_hybrid_pages
-
         check_hybrid_pages(vllm_config, kv_cache_spec, exact=True)
         mamba_page = vllm_config.cache_config.mamba_page_size_padded
         logger.info(
@@ -117,7 +115,7 @@ class GovindaInt8MetadataBuilder(AttentionMetadataBuilder[GovindaInt8Metadata]):
         model_config, parallel_config = vllm_config.model_config, vllm_config.parallel_config
         num_q_heads = model_config.get_num_attention_heads(parallel_config)
         num_kv_heads = model_config.get_num_kv_heads(parallel_config)
-        # Fixed for the builder's lifetime, before any CUDA graph is captured (govinda_patch/tuner.py).
+        # Fixed for the builder's lifetime, before any CUDA graph is captured (govinda_patch/int8/tuner.py).
         shape = tuner.TuneShape(
             head_dim=model_config.get_head_size(),
             num_q_heads=num_q_heads,
@@ -222,8 +220,6 @@ class GovindaInt8AttentionBackend(AttentionBackend):
         A spec the KV-spec patch already made INT8 is returned as it is."""
         if spec.dtype == torch.int8:
             return spec
-        from .patches.int8_kv_cache_spec import int8_spec_for
-
         return int8_spec_for(spec)
 
     @classmethod
