@@ -26,6 +26,11 @@ VLLM_MODULES = {
     "test_vllm_lines.py", "test_tensor_parallel.py", "test_kernel_bench_smoke.py", "test_scope.py",
 }
 VLLM_FIXTURES = {"dcu_env", "overlay_env"}  # a simulated DCU imports vLLM's ROCm platform
+VLLM_CASES = {  # the installed vLLM's own `vllm bench serve` client, against the fake server
+    "test_serve_bench.py::test_serve_tiers_runs_vllm_bench_serve",
+    "test_serve_bench.py::test_ab_two_sides_caches_log_counts_sla_and_report",
+    "test_serve_bench.py::test_ab_refuses_side_whose_server_env_differs",
+}
 # Cases that run our Triton kernels under TRITON_INTERPRET=1 (their result depends on Triton).
 INTERPRETER_DIRS = {TESTS / "kernels"}
 INTERPRETER_MODULES = {"test_kernel_bench_smoke.py"}
@@ -44,6 +49,9 @@ SLOW_CASES = {
     "test_kernel_bench_smoke.py",
     "test_tensor_parallel.py",
     "test_amd_aot.py::test_ci_subset_compiles_every_kernel_for_both_targets_and_refuses_gfx906",
+    "test_serve_bench.py::test_serve_tiers_runs_vllm_bench_serve",
+    "test_serve_bench.py::test_ab_two_sides_caches_log_counts_sla_and_report",
+    "test_serve_bench.py::test_ab_refuses_side_whose_server_env_differs",
 }
 
 
@@ -51,7 +59,7 @@ def markers_for(item) -> set[str]:
     path = Path(str(item.path)).resolve()
     case = f"{path.name}::{getattr(item, 'originalname', None) or item.name}"
     marks = set()
-    if path.name in VLLM_MODULES or VLLM_FIXTURES & set(getattr(item, "fixturenames", ())):
+    if path.name in VLLM_MODULES or case in VLLM_CASES or VLLM_FIXTURES & set(getattr(item, "fixturenames", ())):
         marks.add("vllm")
     if path.parent in INTERPRETER_DIRS or path.name in INTERPRETER_MODULES or case in INTERPRETER_CASES:
         marks.add("gpu_interpreter")
