@@ -52,10 +52,12 @@ for line in $LINES; do
   seen_tritons+="$triton "
   venv="$(environment_for "$line")"
   echo "=== tests on vLLM $line ($venv): $what"
+  started=$SECONDS
   set +e
   (cd "$REPO" && "$venv/bin/python" -m pytest tests -q -p no:cacheprovider "${selection[@]}" "$@")
   rc=$?
   set -e
+  echo "=== vLLM $line: pytest took $((SECONDS - started)) s"
   if [ "$rc" = 5 ]; then
     echo "=== vLLM $line: pytest collected no tests; treating that as a failure" >&2
     status=1
