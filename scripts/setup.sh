@@ -6,6 +6,7 @@
 #   scripts/setup.sh --vllm 0.33.0        # the current upstream line (Python 3.12; tested on CPU only)
 #   scripts/setup.sh --venv DIR           # put the environment elsewhere (CI caches it outside the checkout)
 #   scripts/setup.sh --system             # DCU images with vLLM preinstalled: only the overlay's own deps
+#   scripts/setup.sh --check [--vllm V] [--venv DIR]   # exit 0 if that environment matches the lock, build nothing
 #
 # A finished environment is stamped with the hash of its lock file and reused while it matches.
 # At the end it prints the overlay's plan (python -m govinda_patch status) for that environment.
@@ -15,12 +16,14 @@ REPO="$(cd "$(dirname "$0")/.." && pwd)"
 VLLM_LINE=0.18.1
 VENV="$REPO/.venv"
 SYSTEM=0
+CHECK=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --vllm) VLLM_LINE="$2"; shift 2 ;;
     --venv) VENV="$2"; shift 2 ;;
     --system) SYSTEM=1; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --check) CHECK=1; shift ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -53,7 +56,16 @@ find_python() {  # an interpreter for $1 (e.g. 3.10): PATH, pyenv, then the usua
   return 1
 }
 
-if [ -f "$VENV/.govinda-lock" ] && [ "$(cat "$VENV/.govinda-lock")" = "$STAMP" ] && "$VENV/bin/python" -c 'import vllm' >/dev/null 2>&1; then
+matches_lock() {
+  [ -f "$VENV/.govinda-lock" ] && [ "$(cat "$VENV/.govinda-lock")" = "$STAMP" ] && "$VENV/bin/python" -c 'import vllm' >/dev/null 2>&1
+}
+
+if [ "$CHECK" = 1 ]; then
+  matches_lock
+  exit
+fi
+
+if matches_lock; then
   say "reusing $VENV (vLLM $VLLM_LINE, lock $STAMP)"
 else
   BASE_PY="$(find_python "$PY_VERSION")" || { echo "setup.sh: Python $PY_VERSION not found (install it, e.g. with pyenv)" >&2; exit 1; }

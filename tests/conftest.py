@@ -1,13 +1,94 @@
-"""Fixtures for the overlay tests (helpers live in overlay_testing.py: a module name of our own,
-since tests/kernels has a conftest too)."""
+"""Fixtures and markers for the overlay tests (helpers live in overlay_testing.py: a module name of
+our own, since tests/kernels has a conftest too).
+
+Markers are assigned here, from the tables below, not in the test files: ``scripts/test.sh`` runs
+every case on its first vLLM line and only the ``vllm`` ones (plus ``gpu_interpreter`` where the
+line's Triton differs) on the others, so a case that needs vLLM but is missing here would silently
+run on one line only. The ``_vllm_marker_is_honest`` guard fails such a case when it imports vLLM
+in this process.
+"""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 from overlay_testing import child_env, run_child
+
+TESTS = Path(__file__).resolve().parent
+
+# Cases that import vLLM (here or in a child) or whose outcome depends on the installed vLLM,
+# transformers or the package metadata of a line: whole modules, then fixtures that imply it.
+VLLM_MODULES = {
+    "test_overlay_core.py", "test_hardening.py", "test_hardening_fuzz.py", "test_int8_integration.py",
+    "test_vllm_lines.py", "test_tensor_parallel.py", "test_scope.py",
+}
+VLLM_FIXTURES = {"dcu_env", "overlay_env"}  # a simulated DCU imports vLLM's ROCm platform
+VLLM_CASES = {
+    # The kernel benches call the installed vLLM's Triton attention as contenders. (The decode
+    # tuning sweep runs only our kernels; it imports vLLM just to record its version.)
+    "test_kernel_bench_smoke.py::test_bench_smoke_structure_and_our_outputs",
+    "test_kernel_bench_smoke.py::test_fa3_line_smoke_skips_fa3_off_gpu_and_measures_our_error",
+    "test_kernel_bench_smoke.py::test_accuracy_smoke_errors_are_finite_and_small",
+    # The installed vLLM's own `vllm bench serve` client, against the fake server.
+    "test_serve_bench.py::test_serve_tiers_runs_vllm_bench_serve",
+    "test_serve_bench.py::test_ab_two_sides_caches_log_counts_sla_and_report",
+    "test_serve_bench.py::test_ab_refuses_side_whose_server_env_differs",
+}
+# Cases that run our Triton kernels under TRITON_INTERPRET=1 (their result depends on Triton).
+INTERPRETER_DIRS = {TESTS / "kernels"}
+INTERPRETER_MODULES = {"test_kernel_bench_smoke.py"}
+INTERPRETER_CASES = {
+    "test_accuracy_int8_kv.py::test_our_kernels_on_a_text_slice",
+    "test_int8_integration.py::test_forward_and_kv_update_with_real_vllm_metadata",
+    "test_int8_integration.py::test_selftest_passes_with_the_triton_interpreter",
+    "test_vllm_lines.py::test_cache_views_laid_out_by_vllm_hold_our_pages",
+}
+# Cases that take over ~20 s on a quiet 2-core CI machine (pytest --durations=0 of main on 0.26.0:
+# over 40 s on the shared one), or sit behind such a module fixture.
+SLOW_CASES = {
+    "test_accuracy_int8_kv.py",
+    "test_kernel_bench_smoke.py",
+    "test_tensor_parallel.py",
+    "test_int8_integration.py::test_qwen35_alignment_spec_and_unification",
+    "test_int8_integration.py::test_selection_resolves_to_our_backend_class",
+    "test_int8_integration.py::test_forward_and_kv_update_with_real_vllm_metadata",
+    "test_int8_integration.py::test_failed_kernel_selftest_reverts_the_group",
+    "test_int8_integration.py::test_selftest_passes_with_the_triton_interpreter",
+    "test_kv_rotation_switch.py::test_rotation_changes_the_compile_cache_key",
+    "test_hardening.py::test_unwritable_cache_dir_degrades_to_an_uncached_selftest",
+    "test_serve_bench.py::test_serve_tiers_runs_vllm_bench_serve",
+    "test_serve_bench.py::test_ab_two_sides_caches_log_counts_sla_and_report",
+}
+
+
+def markers_for(item) -> set[str]:
+    path = Path(str(item.path)).resolve()
+    case = f"{path.name}::{getattr(item, 'originalname', None) or item.name}"
+    marks = set()
+    if path.name in VLLM_MODULES or case in VLLM_CASES or VLLM_FIXTURES & set(getattr(item, "fixturenames", ())):
+        marks.add("vllm")
+    if path.parent in INTERPRETER_DIRS or path.name in INTERPRETER_MODULES or case in INTERPRETER_CASES:
+        marks.add("gpu_interpreter")
+    if path.name in SLOW_CASES or case in SLOW_CASES:
+        marks.add("slow")
+    return marks
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for name in sorted(markers_for(item)):
+            item.add_marker(name)
+
+
+@pytest.fixture(autouse=True)
+def _vllm_marker_is_honest(request):
+    before = "vllm" in sys.modules
+    yield
+    if not before and "vllm" in sys.modules and request.node.get_closest_marker("vllm") is None:
+        pytest.fail(f"{request.node.nodeid} imports vLLM but is not marked vllm: add it to tests/conftest.py's tables")
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +106,12 @@ def base_env(cache_dir) -> dict:
 def dcu_env(cache_dir) -> dict:
     """A simulated Hygon DCU: vLLM's ROCm platform activates; kernels are trusted (CPU only)."""
     return child_env(cache_dir, dcu=True)
+
+
+@pytest.fixture
+def overlay_env(cache_dir) -> dict:
+    """Switches for ``govinda_patch.scope.overlay_scope`` in this process: none but the cache."""
+    return {"GOVINDA_CACHE_DIR": str(cache_dir)}
 
 
 @pytest.fixture

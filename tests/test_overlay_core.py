@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from govinda_patch.manager import GovindaStrictError
+from govinda_patch.scope import overlay_scope
 from overlay_testing import REPO
 
 PATCHED_PROBE = """
@@ -22,6 +24,28 @@ report({
     "compute_hash_wrapped": is_govinda_wrapper(config_module.VllmConfig.__dict__["compute_hash"]),
 })
 """
+
+
+def _patched(environ: dict):
+    """PATCHED_PROBE in this process, under ``overlay_scope(environ)``: (its result, the scope)."""
+    import vllm.config.vllm as config_module
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from govinda_patch.patching import is_govinda_wrapper
+
+    with overlay_scope(environ) as scope:
+        custom = AttentionBackendEnum.CUSTOM
+        state = {
+            "custom_backend": custom.get_path() if custom.is_overridden() else None,
+            "compute_hash_wrapped": is_govinda_wrapper(config_module.VllmConfig.__dict__["compute_hash"]),
+        }
+    return state, scope
+
+
+def _strict_refuses(environ: dict) -> str:
+    with pytest.raises(GovindaStrictError) as refused:
+        _patched(dict(environ, GOVINDA_STRICT="1"))
+    return str(refused.value)
 
 
 def _table(tmp_path: Path, edit) -> Path:
@@ -51,31 +75,27 @@ def test_importing_vllm_applies_the_patches(child, base_env):
     assert "int8_backend_registration=applied" in status[0]
 
 
-def test_master_kill_switch_leaves_stock_objects(child, base_env):
-    env = dict(base_env, GOVINDA_DISABLE="1")
-    result = child(PATCHED_PROBE, env)
-    assert result.returncode == 0, result
-    assert result.result == {"custom_backend": None, "compute_hash_wrapped": False}
-    assert result.govinda_lines() == []
+def test_master_kill_switch_leaves_stock_objects(overlay_env):
+    state, scope = _patched(dict(overlay_env, GOVINDA_DISABLE="1"))
+    assert state == {"custom_backend": None, "compute_hash_wrapped": False}
+    assert scope.overlay is None and scope.lines() == []
 
 
-def test_per_patch_switch_disables_its_whole_group(child, base_env):
-    env = dict(base_env, GOVINDA_PATCH_INT8_KV_CACHE_SPEC="0")
-    result = child(PATCHED_PROBE, env)
-    assert result.returncode == 0, result
-    assert result.result == {"custom_backend": None, "compute_hash_wrapped": False}
-    status = " ".join(result.govinda_lines())
+def test_per_patch_switch_disables_its_whole_group(overlay_env):
+    state, scope = _patched(dict(overlay_env, GOVINDA_PATCH_INT8_KV_CACHE_SPEC="0"))
+    assert state == {"custom_backend": None, "compute_hash_wrapped": False}
+    status = " ".join(scope.lines())
     assert "int8_kv_cache_spec=disabled(GOVINDA_PATCH_INT8_KV_CACHE_SPEC=0)" in status
     assert "group int8_kv incomplete" in status
 
 
-def test_group_switch_and_explicit_set(child, base_env):
-    off = child(PATCHED_PROBE, dict(base_env, GOVINDA_INT8_KV="0"))
-    assert off.result == {"custom_backend": None, "compute_hash_wrapped": False}, off
-    chosen = child(PATCHED_PROBE, dict(base_env, GOVINDA_PATCHES="int8_kv"))
-    assert chosen.result["compute_hash_wrapped"] is True, chosen
-    partial = child(PATCHED_PROBE, dict(base_env, GOVINDA_PATCHES="int8_compile_cache_key"))
-    assert partial.result["compute_hash_wrapped"] is False, partial
+def test_group_switch_and_explicit_set(overlay_env):
+    off, _ = _patched(dict(overlay_env, GOVINDA_INT8_KV="0"))
+    assert off == {"custom_backend": None, "compute_hash_wrapped": False}, off
+    chosen, _ = _patched(dict(overlay_env, GOVINDA_PATCHES="int8_kv"))
+    assert chosen["compute_hash_wrapped"] is True, chosen
+    partial, _ = _patched(dict(overlay_env, GOVINDA_PATCHES="int8_compile_cache_key"))
+    assert partial["compute_hash_wrapped"] is False, partial
 
 
 def test_spawned_children_are_patched(child, base_env):
@@ -112,7 +132,7 @@ def test_spawned_children_are_patched(child, base_env):
     "case",
     ["malformed_yaml", "unknown_key", "implementation_outside_package", "missing_attribute", "version_outside_range"],
 )
-def test_bad_input_leaves_vllm_stock_with_one_clear_line(child, base_env, tmp_path, case):
+def test_bad_input_leaves_vllm_stock_with_one_clear_line(overlay_env, tmp_path, case):
     edits = {
         "malformed_yaml": lambda t: t + "\n  - name: [unclosed\n",
         "unknown_key": lambda t: t.replace("    default: true\n", "    default: true\n    colour: blue\n", 1),
@@ -126,11 +146,10 @@ def test_bad_input_leaves_vllm_stock_with_one_clear_line(child, base_env, tmp_pa
     }
     table = _table(tmp_path, edits[case])
     assert table.read_text() != (REPO / "patches.yaml").read_text()
-    env = dict(base_env, GOVINDA_PATCHES_FILE=str(table))
-    result = child(PATCHED_PROBE, env)
-    assert result.returncode == 0, result
-    assert result.result == {"custom_backend": None, "compute_hash_wrapped": False}
-    problem_lines = [l for l in result.govinda_lines() if " ERROR " in l or " WARNING " in l]
+    env = dict(overlay_env, GOVINDA_PATCHES_FILE=str(table))
+    state, scope = _patched(env)
+    assert state == {"custom_backend": None, "compute_hash_wrapped": False}
+    problem_lines = scope.problems()
     expected_words = {
         "malformed_yaml": "not valid YAML",
         "unknown_key": "colour",
@@ -139,65 +158,56 @@ def test_bad_input_leaves_vllm_stock_with_one_clear_line(child, base_env, tmp_pa
         "version_outside_range": "",
     }[case]
     if case == "version_outside_range":
-        status = " ".join(result.govinda_lines())
+        status = " ".join(scope.lines())
         assert "int8_compile_cache_key=skipped-version" in status and "GOVINDA_FORCE=1" in status
         assert "group int8_kv incomplete" in status
     else:
-        assert len(problem_lines) == 1, result.govinda_lines()
+        assert len(problem_lines) == 1, scope.lines()
         assert expected_words in problem_lines[0]
         assert str(table) in problem_lines[0] or case == "missing_attribute"
 
-    strict = child(PATCHED_PROBE, dict(env, GOVINDA_STRICT="1"))
-    assert strict.returncode != 0, strict
-    assert "GovindaStrictError" in strict.stderr
+    _strict_refuses(env)
 
 
-def test_force_applies_outside_verified_versions(child, base_env, tmp_path):
+def test_force_applies_outside_verified_versions(overlay_env, tmp_path):
     # Every patch-level version list (4-space indent; target-level lists are deeper).
     table = _table(tmp_path, lambda t: re.sub(r"(?m)^    vllm_versions: \[.*\]$", '    vllm_versions: ["==0.1.0"]', t))
-    result = child(PATCHED_PROBE, dict(base_env, GOVINDA_PATCHES_FILE=str(table), GOVINDA_FORCE="1"))
-    assert result.returncode == 0, result
-    assert result.result["compute_hash_wrapped"] is True
-    assert any("GOVINDA_FORCE=1 applies it anyway" in l for l in result.govinda_lines())
+    state, scope = _patched(dict(overlay_env, GOVINDA_PATCHES_FILE=str(table), GOVINDA_FORCE="1"))
+    assert state["compute_hash_wrapped"] is True
+    assert any("GOVINDA_FORCE=1 applies it anyway" in l for l in scope.lines())
 
 
-def test_unknown_names_and_malformed_values_warn_with_valid_choices(child, base_env):
-    env = dict(base_env, GOVINDA_PATCHES="int8_kv,no_such_patch", GOVINDA_LOG_LEVEL="chatty")
-    result = child(PATCHED_PROBE, env)
-    assert result.returncode == 0, result
-    warnings = [l for l in result.govinda_lines() if " WARNING " in l]
+def test_unknown_names_and_malformed_values_warn_with_valid_choices(overlay_env):
+    env = dict(overlay_env, GOVINDA_PATCHES="int8_kv,no_such_patch", GOVINDA_LOG_LEVEL="chatty")
+    state, scope = _patched(env)
+    warnings = [l for l in scope.lines() if " WARNING " in l]
     assert any("no_such_patch" in w and "int8_backend_priority" in w for w in warnings), warnings
     assert any("GOVINDA_LOG_LEVEL" in w and "DEBUG" in w for w in warnings), warnings
-    assert result.result["custom_backend"] is not None  # the valid part of the request still applies
-    strict = child(PATCHED_PROBE, dict(env, GOVINDA_STRICT="1"))
-    assert strict.returncode != 0 and "no_such_patch" in strict.stderr
+    assert state["custom_backend"] is not None  # the valid part of the request still applies
+    assert "no_such_patch" in _strict_refuses(env)
 
 
-def test_apply_is_idempotent_and_revert_restores_exact_originals(child, base_env):
-    code = """
-    import vllm.v1.attention.backends.registry as registry
+def test_apply_is_idempotent_and_revert_restores_exact_originals(overlay_env):
     import vllm.config.vllm as config_module
-    from govinda_patch import bootstrap
-    overlay = bootstrap.OVERLAY
-    wrapped_once = config_module.VllmConfig.__dict__["compute_hash"]
-    entry = overlay.entries["int8_compile_cache_key"]
-    target = entry.active_targets[0]
-    overlay.apply_target(entry, target, config_module)          # second apply: no-op
-    same_after_reapply = config_module.VllmConfig.__dict__["compute_hash"] is wrapped_once
+    import vllm.v1.attention.backends.registry as registry
+
     from govinda_patch.patching import original_of
-    original = original_of(wrapped_once)
-    overlay.revert_all()
-    overlay.revert_all()                                          # second revert: no-op
-    report({
-        "same_after_reapply": same_after_reapply,
-        "undo_steps": len(entry.record.undo_steps),
-        "restored_exact": config_module.VllmConfig.__dict__["compute_hash"] is original,
-        "custom_cleared": not registry.AttentionBackendEnum.CUSTOM.is_overridden(),
-    })
-    """
-    result = child(code, base_env)
-    assert result.returncode == 0, result
-    assert result.result == {"same_after_reapply": True, "undo_steps": 0, "restored_exact": True, "custom_cleared": True}
+
+    stock = config_module.VllmConfig.__dict__["compute_hash"]
+    with overlay_scope(overlay_env) as scope:
+        overlay = scope.overlay
+        wrapped_once = config_module.VllmConfig.__dict__["compute_hash"]
+        entry = overlay.entries["int8_compile_cache_key"]
+        overlay.apply_target(entry, entry.active_targets[0], config_module)  # second apply: no-op
+        same_after_reapply = config_module.VllmConfig.__dict__["compute_hash"] is wrapped_once
+        overlay.revert_all()
+        overlay.revert_all()  # second revert: no-op
+        assert {
+            "same_after_reapply": same_after_reapply,
+            "undo_steps": len(entry.record.undo_steps),
+            "restored_exact": config_module.VllmConfig.__dict__["compute_hash"] is original_of(wrapped_once) is stock,
+            "custom_cleared": not registry.AttentionBackendEnum.CUSTOM.is_overridden(),
+        } == {"same_after_reapply": True, "undo_steps": 0, "restored_exact": True, "custom_cleared": True}
 
 
 def test_status_command_prints_plan_without_importing_vllm(child, base_env):
