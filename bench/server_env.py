@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 
 import psutil
 
-# govinda_patch/selftest.py runs the kernel self-test in a child process tree with
+# govinda_patch/int8/selftest.py runs the kernel self-test in a child process tree with
 # GOVINDA_DISABLE=1 and this marker set.
 OVERLAY_SELFTEST_MARKER = "GOVINDA_SELFTEST_CHILD"
 CMDLINE_CHARS = 300

@@ -103,7 +103,7 @@ class ArchLaunchConfigs:
     decode_splits: DecodeSplitPolicy = field(default_factory=DecodeSplitPolicy)
     # Multiprocessor count to assume when the device cannot be asked (the CPU interpreter).
     default_sm_count: int = 8
-    # Which kernel runs prefills (govinda_patch/prefill_kernel.py, GOVINDA_PREFILL_KERNEL=auto):
+    # Which kernel runs prefills (govinda_patch/int8/prefill_kernel.py, GOVINDA_PREFILL_KERNEL=auto):
     # "triton" (ours) or "fa3" (gather-dequantize to bf16 + vLLM's FlashAttention-3).
     prefill_kernel: str = "triton"
     # The gather-dequantize kernel (kernels/int8_kv_gather.py): block_n KV tokens per program.
@@ -320,7 +320,7 @@ def decode_num_splits(
 
 
 # --------------------------------------------------------------------------------------------
-# Self-tuning (govinda_patch/tuner.py): what may be tried, and how a choice becomes a table
+# Self-tuning (govinda_patch/int8/tuner.py): what may be tried, and how a choice becomes a table
 # --------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""GOVINDA_PREFILL_KERNEL and its resolution (govinda_patch/prefill_kernel.py) off a GPU."""
+"""GOVINDA_PREFILL_KERNEL and its resolution (govinda_patch/int8/prefill_kernel.py) off a GPU."""
 
 import logging
 from dataclasses import replace

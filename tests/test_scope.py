@@ -8,6 +8,7 @@ import os
 import pytest
 
 from govinda_patch import bootstrap
+from govinda_patch.int8.kv_spec import BACKEND_PATH
 from govinda_patch.manager import GovindaStrictError
 from govinda_patch.scope import OverlayScopeError, overlay_scope
 
@@ -41,7 +42,7 @@ def test_applied_inside_stock_after(overlay_env):
         assert os.environ["GOVINDA_KV_ROTATION"] == "none"
         assert bootstrap.OVERLAY is scope.overlay
         status = scope.overlay.status_line()
-    assert inside["custom_backend"] == "govinda_patch.int8_backend.GovindaInt8AttentionBackend"
+    assert inside["custom_backend"] == BACKEND_PATH == "govinda_patch.int8.backend.GovindaInt8AttentionBackend"
     assert inside["compute_hash_wrapped"] is True
     assert "int8_compile_cache_key=applied" in status and "int8_backend_registration=applied" in status
     assert len([line for line in scope.lines() if "status:" in line]) == 1, scope.lines()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Print the self-tuner's shape (govinda_patch/tuner.py TuneShape) for a local model folder.
+"""Print the self-tuner's shape (govinda_patch/int8/tuner.py TuneShape) for a local model folder.
 
 Reads ``config.json`` (the text config of multimodal models such as Qwen3.5); tensor
 parallelism divides the heads. The block size is vLLM's decision (hybrid models align it to

@@ -87,7 +87,7 @@ def varlen_reference(calls):
 
 
 def plan_for(batch, varlen):
-    """What the metadata builder computes on the host (govinda_patch/int8_backend.py)."""
+    """What the metadata builder computes on the host (govinda_patch/int8/backend.py)."""
     lens = batch.seq_lens[batch.num_decodes :]
     starts = batch.query_start_loc.tolist()
     query_lens = [b - a for a, b in zip(starts[batch.num_decodes :], starts[batch.num_decodes + 1 :])]

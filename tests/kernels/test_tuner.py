@@ -1,4 +1,4 @@
-"""The self-tuner (govinda_patch/tuner.py) under the CPU interpreter.
+"""The self-tuner (govinda_patch/int8/tuner.py) under the CPU interpreter.
 
 Candidates run through the real kernels and are checked against the torch reference; only the
 timings are injected (the interpreter's times say nothing about a GPU), so the selection logic
