@@ -25,7 +25,7 @@ from typing import Iterator, Mapping
 from . import bootstrap, settings as settings_module
 from .manager import APPLIED, DISABLED, PENDING, Overlay
 
-PREFIX = "GOVINDA_"
+PREFIX = settings_module.PREFIX
 _logger = logging.getLogger("govinda")
 
 

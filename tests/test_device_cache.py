@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from govinda_patch.int8 import device_cache, selftest, tuner
+from govinda_patch.int8 import child as child_runner
+from govinda_patch.int8 import device_cache, fingerprint, selftest, tuner
 from govinda_patch.settings import Settings
 
 H200 = SimpleNamespace(name="NVIDIA H200", major=9, minor=0, multi_processor_count=132, gcnArchName="")
@@ -39,12 +40,12 @@ def gpus(monkeypatch):
 
 def test_keys_name_the_gpu_model_not_the_board(gpus):
     gpus.update({0: H200, 1: H200, 2: H100, 3: DCU})
-    keys = [selftest._cache_key(device_cache.device_key(i)) for i in range(4)]
+    keys = [fingerprint.machine_key(device_cache.device_key(i)) for i in range(4)]
     assert keys[0] == keys[1]  # two boards of one model share a verdict
     assert len({keys[1], keys[2], keys[3]}) == 3
     assert "gfx928" in device_cache.device_model(3) and "sm_90" in device_cache.device_model(0)
     # A process with no GPU context yet tests the host's default device: a key of its own.
-    assert selftest._cache_key(device_cache.device_key(None)) not in keys
+    assert fingerprint.machine_key(device_cache.device_key(None)) not in keys
 
 
 def test_tuning_entries_per_gpu_model_and_rank_shape(gpus, tmp_path):
@@ -66,7 +67,7 @@ def test_a_rank_tests_its_own_device_and_shares_the_verdict_of_its_model(gpus, t
         calls.append(args)
         return {"ok": True, "device": gpus[int(args[-1])].name, "summary": {}}
 
-    monkeypatch.setattr(selftest, "_run_in_child", child)
+    monkeypatch.setattr(child_runner, "run_subcommand", child)
     gpus.update({0: H200, 1: H200, 2: H100})
     verdicts = []
     for rank in (0, 1, 2):
@@ -84,7 +85,7 @@ def _one_rank(kind, cache_dir, counter, barrier, results):
         time.sleep(0.3)
         return {"ok": True, "device": "fake", "summary": {}, "choice": "{}", "elapsed_s": 0.3}
 
-    selftest._run_in_child = child
+    child_runner.run_subcommand = child
     settings = _settings(cache_dir)
     barrier.wait()
     if kind == "selftest":

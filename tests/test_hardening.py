@@ -236,7 +236,7 @@ def test_a_passing_selftest_with_an_unusable_cache_warns_once(monkeypatch, tmp_p
     from govinda_patch.manager import GovindaStrictError
 
     # The child is the expensive part (a real kernel run); what is tested here is the cache around it.
-    monkeypatch.setattr(selftest, "_run_in_child", lambda: {"ok": True, "device": "test-device", "summary": {}})
+    monkeypatch.setattr(selftest.child, "run_subcommand", lambda: {"ok": True, "device": "test-device", "summary": {}})
     blocker = tmp_path / "file"
     blocker.write_text("")
     env = {"GOVINDA_SELFTEST": "auto", "GOVINDA_CACHE_DIR": str(blocker)}
@@ -249,7 +249,7 @@ def test_a_passing_selftest_with_an_unusable_cache_warns_once(monkeypatch, tmp_p
     # A usable cache directory: the verdict is stored, the next process reads it without a child.
     usable = tmp_path / "cache"
     first = selftest.cached_verdict(_overlay(GOVINDA_CACHE_DIR=str(usable)).settings)
-    monkeypatch.setattr(selftest, "_run_in_child", lambda: pytest.fail("the cached verdict was not used"))
+    monkeypatch.setattr(selftest.child, "run_subcommand", lambda: pytest.fail("the cached verdict was not used"))
     assert selftest.cached_verdict(_overlay(GOVINDA_CACHE_DIR=str(usable)).settings) == first == {"ok": True, "device": "test-device", "summary": {}}
 
 

@@ -2,7 +2,7 @@
 
 ``cached_verdict`` runs ``python -m govinda_patch selftest --json`` in a child process (so a
 process that must not initialise the GPU, like vLLM 0.18's API server, never does) and caches
-the verdict on disk keyed by the kernel sources, torch/triton versions, the visible devices and
+the verdict on disk keyed (``fingerprint.machine_key``) by the kernel sources, torch/triton versions, the visible devices and
 the model of the GPU the process runs on (``device_cache``): the processes of one server share a
 decision, and a tensor-parallel rank on another GPU model gets its own. ``run_selftest`` is the test
 itself: a tiny quantize-and-store and a mixed prefill+decode attention against the references,
@@ -12,34 +12,13 @@ for every KV rotation (a server may be started with either; the key holds the ac
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
-import subprocess
-import sys
 
-from ..settings import KV_ROTATIONS, kv_rotation, prefill_kernel
-from ..versions import stack_versions
+from ..settings import KV_ROTATIONS
+from . import child
 from .device_cache import current_device_index, device_key, write_json_atomically
-from .fingerprint import kernel_sources_digest
-
-SELFTEST_TIMEOUT_S = 600
-
-
-def _cache_key(device: str) -> str:
-    versions = stack_versions()
-    parts = [
-        device,
-        kernel_sources_digest(),
-        str(versions.get("torch")),
-        str(versions.get("triton")),
-        os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-        os.environ.get("HIP_VISIBLE_DEVICES", ""),
-        os.environ.get("TRITON_INTERPRET", ""),
-        kv_rotation(),
-        prefill_kernel(),
-    ]
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
+from .fingerprint import machine_key
 
 
 def cached_verdict(settings) -> dict:
@@ -56,21 +35,21 @@ def cached_verdict(settings) -> dict:
         directory.mkdir(parents=True, exist_ok=True)
         lock = open(directory / ".lock", "a")
     except OSError as exc:
-        return dict(_run_in_child(), uncached=_uncached_note(directory, exc))
+        return dict(child.run_subcommand(), uncached=_uncached_note(directory, exc))
     with lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one child at a time (e.g. several TP workers)
         except OSError as exc:
-            return dict(_run_in_child(), uncached=_uncached_note(directory, exc))
+            return dict(child.run_subcommand(), uncached=_uncached_note(directory, exc))
         index = current_device_index()
-        path = directory / f"{_cache_key(device_key(index))}.json"
+        path = directory / f"{machine_key(device_key(index))}.json"
         try:
             cached = json.loads(path.read_text())
             if isinstance(cached, dict):
                 return cached
         except (OSError, ValueError):
             pass
-        verdict = _run_in_child() if index is None else _run_in_child(("selftest", "--json", "--device-index", str(index)))
+        verdict = child.run_subcommand() if index is None else child.run_subcommand(("selftest", "--json", "--device-index", str(index)))
         if verdict.get("cacheable", True):
             try:
                 write_json_atomically(path, verdict)
@@ -82,26 +61,6 @@ def cached_verdict(settings) -> dict:
 def _uncached_note(directory, exc: OSError) -> str:
     reason = exc.strerror or str(exc)
     return f"its verdict is not cached ({directory or 'no cache directory'}: {type(exc).__name__}: {reason}), so every process runs it again"
-
-
-def _run_in_child(args=("selftest", "--json"), timeout_s=SELFTEST_TIMEOUT_S, what="self-test", stream_stderr=False) -> dict:
-    """Run ``python -m govinda_patch *args`` and return the last JSON line it prints.
-
-    ``stream_stderr`` passes the child's stderr through (progress lines reach the server log).
-    """
-    # GOVINDA_SELFTEST_CHILD marks this process tree (e.g. for bench/ab.py's environment check).
-    env = dict(os.environ, GOVINDA_DISABLE="1", GOVINDA_SELFTEST_CHILD="1", PYTHONUNBUFFERED="1")
-    command = [sys.executable, "-m", "govinda_patch", *args]
-    stderr = None if stream_stderr else subprocess.PIPE
-    try:
-        done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "reason": f"{what} timed out after {timeout_s}s", "cacheable": False}
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        tail = (done.stderr or done.stdout or "").strip().splitlines()[-3:]
-        return {"ok": False, "reason": f"{what} process exited {done.returncode}: {' | '.join(tail)}", "cacheable": False}
-    return json.loads(lines[-1])
 
 
 def run_selftest(device_index=None) -> dict:

@@ -98,7 +98,7 @@ def _device_label(device) -> str:
 
 
 def cache_path(settings, shape: TuneShape, device_label: str, arch_key: str) -> Path:
-    from .selftest import _cache_key
+    from .fingerprint import machine_key
 
     # Keyed like the self-test verdict (device model, kernel sources, torch/triton, visible
     # devices), plus the table in force and the shape (a tensor-parallel rank's head counts).
@@ -106,13 +106,13 @@ def cache_path(settings, shape: TuneShape, device_label: str, arch_key: str) -> 
     directory = settings.cache_subdir("tune")
     if directory is None:
         raise FileNotFoundError("no home directory and GOVINDA_CACHE_DIR unset: no cache for tuned configs")
-    return directory / f"{_cache_key(device_label)}-{extra}-{shape.key()}.json"
+    return directory / f"{machine_key(device_label)}-{extra}-{shape.key()}.json"
 
 
 def cached_or_tuned(settings, shape: TuneShape, device, arch_key: str, device_label: str) -> dict:
     """The tuning result for ``shape``: from the cache, else from a tuning child (then cached)."""
     from .device_cache import write_json_atomically
-    from .selftest import _run_in_child
+    from . import child
 
     path = cache_path(settings, shape, device_label, arch_key)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -131,7 +131,7 @@ def cached_or_tuned(settings, shape: TuneShape, device, arch_key: str, device_la
         index = device.index if device.index is not None else (torch.cuda.current_device() if device.type == "cuda" else 0)
         _log(f"tuning launch configs for {shape.key()} on {device_label} (budget {settings.tune_budget_s:g} s)")
         args = ("tune", "--json", "--shape", shape.to_json(), "--device-index", str(index), "--budget-s", f"{settings.tune_budget_s:g}")
-        result = _run_in_child(
+        result = child.run_subcommand(
             args, timeout_s=int(settings.tune_budget_s + TUNE_TIMEOUT_MARGIN_S), what="tuning", stream_stderr=True
         )
         if result.get("ok") and result.get("cacheable", True):

@@ -146,11 +146,11 @@ def _settings(tmp_path, **env):
 
 
 def test_choice_is_cached_per_shape_and_force_retunes(tmp_path, monkeypatch):
-    from govinda_patch.int8 import selftest
+    from govinda_patch.int8 import child as child_runner
 
     good = {"ok": True, "choice": lc.choice_from_table(TABLE, 64).to_json(), "elapsed_s": 1.0}
     child = _Recorder(good)
-    monkeypatch.setattr(selftest, "_run_in_child", child)
+    monkeypatch.setattr(child_runner, "run_subcommand", child)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     args = (SHAPE, torch.device("cuda", 0), "interpreter", "Fake GPU|8")
 
@@ -167,10 +167,10 @@ def test_choice_is_cached_per_shape_and_force_retunes(tmp_path, monkeypatch):
 
 
 def test_failed_tuning_is_not_cached(tmp_path, monkeypatch):
-    from govinda_patch.int8 import selftest
+    from govinda_patch.int8 import child as child_runner
 
     child = _Recorder({"ok": False, "reason": "tuning timed out", "cacheable": False})
-    monkeypatch.setattr(selftest, "_run_in_child", child)
+    monkeypatch.setattr(child_runner, "run_subcommand", child)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     args = (SHAPE, torch.device("cuda", 0), "interpreter", "Fake GPU|8")
     for _ in range(2):
