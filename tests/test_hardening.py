@@ -225,13 +225,33 @@ def overlay_log():
     logger.removeHandler(handler)
 
 
+@pytest.fixture
+def vllm_not_imported():
+    """This process as it is before ``import vllm``, for the cases that plan an overlay in-process.
+
+    A case that imported vLLM here earlier (test_scope's in-process scopes) leaves the group's target
+    modules imported but not patched by a fresh Overlay, which then rightly keeps the group inactive
+    and never reaches the guard these cases test. Restored afterwards, dropping any copy imported meanwhile.
+    """
+    def ours(name):
+        return name == "vllm" or name.startswith("vllm.")
+
+    saved = {name: module for name, module in sys.modules.items() if ours(name)}
+    for name in saved:
+        del sys.modules[name]
+    yield
+    for name in [name for name in sys.modules if ours(name)]:
+        del sys.modules[name]
+    sys.modules.update(saved)
+
+
 def _overlay(**environ):
     from govinda_patch.manager import Overlay
 
     return Overlay.from_environment({"GOVINDA_PLATFORM": "rocm", **environ})
 
 
-def test_a_passing_selftest_with_an_unusable_cache_warns_once(monkeypatch, tmp_path, overlay_log):
+def test_a_passing_selftest_with_an_unusable_cache_warns_once(monkeypatch, tmp_path, overlay_log, vllm_not_imported):
     from govinda_patch.int8 import selftest
     from govinda_patch.manager import GovindaStrictError
 
@@ -253,7 +273,7 @@ def test_a_passing_selftest_with_an_unusable_cache_warns_once(monkeypatch, tmp_p
     assert selftest.cached_verdict(_overlay(GOVINDA_CACHE_DIR=str(usable)).settings) == first == {"ok": True, "device": "test-device", "summary": {}}
 
 
-def test_a_member_whose_module_is_imported_but_not_patched_keeps_the_group_inactive(monkeypatch):
+def test_a_member_whose_module_is_imported_but_not_patched_keeps_the_group_inactive(monkeypatch, vllm_not_imported):
     overlay = _overlay(GOVINDA_SELFTEST="skip")
     entry = overlay.entries["int8_backend_registration"]
     target = entry.active_targets[0]
@@ -265,7 +285,7 @@ def test_a_member_whose_module_is_imported_but_not_patched_keeps_the_group_inact
     assert overlay.group_active("int8_kv") is True
 
 
-def test_group_active_never_raises_outside_strict_mode(monkeypatch, overlay_log):
+def test_group_active_never_raises_outside_strict_mode(monkeypatch, overlay_log, vllm_not_imported):
     from govinda_patch.int8 import selftest
 
     def broken(settings):
@@ -278,7 +298,7 @@ def test_group_active_never_raises_outside_strict_mode(monkeypatch, overlay_log)
     assert len(errors) == 1 and "self-test could not run: PermissionError" in errors[0], overlay_log
 
 
-def test_an_unknown_or_broken_guard_leaves_vllm_stock_with_one_line(monkeypatch, tmp_path, overlay_log):
+def test_an_unknown_or_broken_guard_leaves_vllm_stock_with_one_line(monkeypatch, tmp_path, overlay_log, vllm_not_imported):
     from govinda_patch import bootstrap, guards
     from govinda_patch.manager import GovindaStrictError
 
