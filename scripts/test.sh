@@ -121,42 +121,34 @@ run_pytest() {  # line, then pytest arguments
   cd "$REPO" && "$venv/bin/python" -m pytest tests -q -p no:cacheprovider "$@"
 }
 jobs_names=()
+first_line_jobs=0  # the first line's jobs come first in jobs_names
 add_job() {  # name, then the line and its pytest arguments (kept NUL-separated on disk)
   jobs_names+=("$1"); shift
   printf '%s\0' "$@" > "$WORK/args-${#jobs_names[@]}"
 }
-first=1
 seen_tritons=" "
 for line in "${LINE_LIST[@]}"; do
   triton="$(grep -m1 '^triton==' "$REPO/requirements/vllm-$line.lock" 2>/dev/null || true)"
-  if [ "$first" = 1 ]; then
+  if [ "$first_line_jobs" = 0 ]; then  # the first line: every case
     if [ "$#" = 0 ]; then
       add_job "vllm-$line-vllm-cases" "$line" -m vllm
       add_job "vllm-$line-other-cases" "$line" -m "not vllm"
     else
       add_job "vllm-$line-every-case" "$line" "$@"
     fi
+    first_line_jobs=${#jobs_names[@]}
   elif [[ "$seen_tritons" != *" $triton "* ]]; then
     add_job "vllm-$line-vllm-and-gpu_interpreter-cases" "$line" -m "vllm or gpu_interpreter" "$@"
   else
     add_job "vllm-$line-vllm-cases" "$line" -m vllm "$@"
   fi
-  first=0
   seen_tritons+="$triton "
 done
-# Longest first: the later lines' runs, then the first line's two halves.
+# Longest first: the later lines' runs, newest first (a new Triton adds the interpreter cases),
+# then the first line's.
 order=()
-for ((i = ${#jobs_names[@]}; i >= 1; i--)); do
-  case "${jobs_names[i - 1]}" in
-    vllm-"${LINE_LIST[0]}"-*) ;;
-    *) order+=("$i") ;;
-  esac
-done
-for ((i = 1; i <= ${#jobs_names[@]}; i++)); do
-  case "${jobs_names[i - 1]}" in
-    vllm-"${LINE_LIST[0]}"-*) order+=("$i") ;;
-  esac
-done
+for ((i = ${#jobs_names[@]}; i > first_line_jobs; i--)); do order+=("$i"); done
+for ((i = 1; i <= first_line_jobs; i++)); do order+=("$i"); done
 started_all=$SECONDS
 for i in "${order[@]}"; do
   args=()

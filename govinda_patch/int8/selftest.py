@@ -2,9 +2,9 @@
 
 ``cached_verdict`` runs ``python -m govinda_patch selftest --json`` in a child process (so a
 process that must not initialise the GPU, like vLLM 0.18's API server, never does) and caches
-the verdict on disk keyed (``fingerprint.machine_key``) by the kernel sources, torch/triton versions, the visible devices and
-the model of the GPU the process runs on (``device_cache``): the processes of one server share a
-decision, and a tensor-parallel rank on another GPU model gets its own. ``run_selftest`` is the test
+the verdict on disk keyed (``fingerprint.machine_key``) by the kernel sources, torch/triton
+versions, the visible devices and the model of the GPU the process runs on (``device_cache``):
+the processes of one server share a decision, and a tensor-parallel rank on another GPU model gets its own. ``run_selftest`` is the test
 itself: a tiny quantize-and-store and a mixed prefill+decode attention against the references,
 for every KV rotation (a server may be started with either; the key holds the active one too).
 """
