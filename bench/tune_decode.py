@@ -1,21 +1,23 @@
 #!/usr/bin/env python3
 """Sweep the INT8 decode kernel's launch configuration on this GPU and print the best per case.
 
-The decode entry of a launch table (``kernels/launch_configs.py``) has four knobs that only
-measurements can settle: the KV tile (``block_n``), ``num_warps``, ``prefetch_next_tile``
-(load tile i+1 while tile i is computed) and how many programs per SM the split policy aims
-for. This script times every combination on the Qwen3.5-27B attention geometry (one layer,
-24 q / 4 kv heads, D=256, block size 1552 as vLLM picks it for the hybrid model) through
-CUDA-graph replays with the L2 flushed, as ``bench.kernel_bench`` times decode, and
+The decode entry of a launch table (``kernels/launch_configs.py``) has knobs that only
+measurements can settle: the KV tile (``block_n``), ``num_warps``, the head_dim slice
+(``d_slice``, 0 = whole head), a register cap (``max_registers``, NVIDIA), the pipelined loop
+(``num_stages``) and how many programs per SM the split policy aims for. This script times
+every combination on one attention layer (``--geometry``: ``qwen35``, Qwen3.5-27B's 24 q / 4 kv
+heads, D=256, block size 1552 as vLLM picks it for the hybrid model; ``dense128``, a Llama-8B
+layer, 32 q / 8 kv heads, D=128, block 16) through CUDA-graph replays with the L2 flushed, as
+``bench.kernel_bench`` times decode, and
 records for each configuration: time, read bandwidth and its fraction of the measured copy
 bandwidth, the largest output difference to the table's current configuration, and the
 compiled kernel's registers and spills. Copy the winners into the architecture's table.
 
-``--profile-config BLOCK_N,WARPS,PREFETCH,PROGRAMS_PER_SM`` skips the sweep and runs that
+``--profile-config BLOCK_N,WARPS,D_SLICE,PROGRAMS_PER_SM`` skips the sweep and runs that
 configuration a few times per case, untimed, for a profiler::
 
     ncu --kernel-name regex:decode_ --section SpeedOfLight --section Occupancy \\
-        python3 -m bench.tune_decode --profile-config 64,4,1,2 --cases 1x32768
+        python3 -m bench.tune_decode --profile-config 64,4,64,4 --cases 1x32768
 
 ``--smoke`` runs tiny shapes under ``TRITON_INTERPRET=1`` on the CPU (checks every
 configuration's output, times nothing).
@@ -33,27 +35,23 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from bench.kernel_core.contenders import OursContender
-from bench.kernel_core.inputs import fill_cache, make_layout, make_step, realistic_qkv
+from bench.kernel_core.inputs import FA3_GEOMETRIES, fill_cache, make_layout, make_step, realistic_qkv
 from bench.kernel_core.records import bandwidth_fields, environment_metadata, error_record, fmt, log, write_json
 from bench.kernel_core.session import REPO_ROOT, BenchOptions, Context, make_config, prepare_environment, section_copy
-
-SWEEP_BLOCK_SIZE = 1552  # vLLM's hybrid block size for Qwen3.5-27B at 2080 bytes per token
-
 
 @dataclasses.dataclass(frozen=True)
 class DecodeVariant:
     block_n: int
     num_warps: int
-    prefetch_next_tile: bool
+    d_slice: int
     programs_per_sm: int
     num_stages: int = 1
+    max_registers: int = 0
 
     @property
     def label(self) -> str:
-        return (
-            f"n{self.block_n}-w{self.num_warps}-s{self.num_stages}-"
-            f"{'pf' if self.prefetch_next_tile else 'nopf'}-pps{self.programs_per_sm}"
-        )
+        text = f"n{self.block_n}-w{self.num_warps}-s{self.num_stages}-ds{self.d_slice}-pps{self.programs_per_sm}"
+        return text + (f"-r{self.max_registers}" if self.max_registers else "")
 
 
 def parse_cases(text: str) -> List[Tuple[int, int]]:
@@ -78,7 +76,8 @@ def variant_table(launch_configs, device, head_dim: int, variant: Optional[Decod
         block_n=variant.block_n,
         num_warps=variant.num_warps,
         num_stages=variant.num_stages,
-        prefetch_next_tile=variant.prefetch_next_tile,
+        d_slice=variant.d_slice,
+        max_registers=variant.max_registers,
     )
     return dataclasses.replace(
         table,
@@ -111,12 +110,16 @@ def compiled_kernel_stats(jit_function) -> Dict[str, Dict[str, Any]]:
     return stats
 
 
-def bench_context(smoke: bool, seed: int, block_size: Optional[int], rep_ms: Optional[float]) -> Context:
-    """The kernel benches' context (quick config) with the cache block size this sweep uses."""
+def bench_context(
+    smoke: bool, seed: int, block_size: Optional[int], rep_ms: Optional[float], geometry: str = "qwen35"
+) -> Context:
+    """The kernel benches' context (quick config) with the layer and cache block size of ``geometry``."""
     options = BenchOptions(smoke=smoke, quick=True, no_bs16=True, rep_ms=rep_ms, seed=seed)
     config = make_config(options)
-    block_size = block_size or (config.ours_block_size if smoke else SWEEP_BLOCK_SIZE)
-    config = dataclasses.replace(config, ours_block_size=block_size)
+    if not smoke:
+        layer, ours_block_size, _ = FA3_GEOMETRIES[geometry]
+        config = dataclasses.replace(config, geometry=layer, ours_block_size=ours_block_size)
+    config = dataclasses.replace(config, ours_block_size=block_size or config.ours_block_size)
     ctx = Context(options, config)
     if ctx.ours is None:
         raise RuntimeError(f"our kernels failed to load: {ctx.ours_error}")
@@ -191,7 +194,7 @@ def run_variant(
 def sweep(args: argparse.Namespace) -> Dict[str, Any]:
     from govinda_patch.kernel_package import import_kernel
 
-    ctx = bench_context(args.smoke, args.seed, args.block_size, args.rep_ms)
+    ctx = bench_context(args.smoke, args.seed, args.block_size, args.rep_ms, args.geometry)
     config = ctx.config
     launch_configs = import_kernel("launch_configs")
     attention = import_kernel("int8_paged_attention")
@@ -203,6 +206,7 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
             launch_configs.get_launch_configs(ctx.device).decode_config(config.geometry.head_dim)
         ),
         "table_split_policy": dataclasses.asdict(launch_configs.get_launch_configs(ctx.device).decode_splits),
+        "geometry": dataclasses.asdict(config.geometry),
         "block_size": config.ours_block_size,
         "cases": [],
     }
@@ -210,10 +214,10 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
         payload["copy"] = section_copy(ctx)
     cases = parse_cases(args.cases) if not args.smoke else [(1, 300), (3, 200)]
     variants = [
-        DecodeVariant(n, w, bool(pf), pps, st)
-        for n, w, pf, pps, st in itertools.product(
-            parse_ints(args.block_n), parse_ints(args.warps), parse_ints(args.prefetch),
-            parse_ints(args.programs_per_sm), parse_ints(args.stages),
+        DecodeVariant(n, w, ds, pps, st, regs)
+        for n, w, ds, pps, st, regs in itertools.product(
+            parse_ints(args.block_n), parse_ints(args.warps), parse_ints(args.d_slice),
+            parse_ints(args.programs_per_sm), parse_ints(args.stages), parse_ints(args.max_registers),
         )
     ]
     deadline = time.time() + args.time_budget_s if args.time_budget_s > 0 else None
@@ -257,9 +261,9 @@ def profile(args: argparse.Namespace) -> None:
 
     from govinda_patch.kernel_package import import_kernel
 
-    block_n, warps, prefetch, pps = parse_ints(args.profile_config)
-    variant = DecodeVariant(block_n, warps, bool(prefetch), pps)
-    ctx = bench_context(False, args.seed, args.block_size, args.rep_ms)
+    block_n, warps, d_slice, pps = parse_ints(args.profile_config)
+    variant = DecodeVariant(block_n, warps, d_slice, pps)
+    ctx = bench_context(False, args.seed, args.block_size, args.rep_ms, args.geometry)
     config = ctx.config
     launch_configs = import_kernel("launch_configs")
     for index, (batch, context) in enumerate(parse_cases(args.cases)):
@@ -311,17 +315,19 @@ def print_summary(payload: Dict[str, Any]) -> None:
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", default="1x16384,1x32768,8x8192,1x4096", help="BATCHxCONTEXT list")
-    p.add_argument("--block-n", default="32,64")
-    p.add_argument("--warps", default="4,8")
-    p.add_argument("--prefetch", default="0,1", help="prefetch_next_tile values (0/1)")
-    p.add_argument("--programs-per-sm", default="1,2,3,4")
+    p.add_argument("--geometry", choices=sorted(FA3_GEOMETRIES), default="qwen35", help="the attention layer")
+    p.add_argument("--block-n", default="32,64,128")
+    p.add_argument("--warps", default="4")
+    p.add_argument("--d-slice", default="64,0", help="head_dim slice widths (0: the whole head)")
+    p.add_argument("--max-registers", default="0", help="register caps per thread (0: none; NVIDIA only)")
+    p.add_argument("--programs-per-sm", default="2,4,8")
     p.add_argument("--stages", default="1")
-    p.add_argument("--block-size", type=int, default=None, help=f"cache block size (default {SWEEP_BLOCK_SIZE})")
+    p.add_argument("--block-size", type=int, default=None, help="cache block size (default: the geometry's)")
     p.add_argument("--rep-ms", type=float, default=None)
     p.add_argument("--time-budget-s", type=float, default=150.0, help="skip variants after this (0: no limit)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="CPU, TRITON_INTERPRET=1, tiny shapes, untimed")
-    p.add_argument("--profile-config", metavar="BLOCK_N,WARPS,PREFETCH,PPS", help="run one config for a profiler")
+    p.add_argument("--profile-config", metavar="BLOCK_N,WARPS,D_SLICE,PPS", help="run one config for a profiler")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "reports" / "tune_decode.json")
     return p.parse_args(argv)
 

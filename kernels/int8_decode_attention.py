@@ -5,14 +5,25 @@ all query heads of a KV group (padded to 16 for ``tl.dot``; they are the columns
 products, see the kernel) and walks a contiguous range of KV tiles computed in-kernel from
 ``seq_lens``, so the grid depends on ``num_decodes`` only (CUDA-graph capturable) and the time
 grows with the KV bytes read. Partial (acc, max, sum) go to the host's ``DecodeWorkspace``;
-:func:`decode_reduce_kernel` merges them. With a single split the decode kernel writes the
-output itself.
+:func:`decode_reduce_kernel` merges the splits that hold keys. With a single split the decode
+kernel writes the output itself.
 
-Rotation (``ROTATE``): the query rows are rotated in fp32 (then rounded to the query dtype)
-before the KV loop and the fp32 accumulator back after it (:mod:`kv_rotation`); split-KV partial
-accumulators are rotated back before they are written (the reduce step is linear in them).
+Registers decide how many programs an SM / CU keeps in flight, and with them how many KV bytes
+are requested at a time, so head_dim is cut into ``D_SLICE``-wide slices (at most four): each
+slice of K is loaded, converted and multiplied on its own (``S^T += K_j Q_j^T``), each slice of
+V feeds its own accumulator (``O_j^T += V_j^T P^T``). No tile is ever held whole in a wider
+dtype, and the per-thread share of the accumulator is the only state that grows with head_dim.
+Launched with ``num_stages > 1`` the tile loop is software-pipelined by Triton: cp.async into
+shared memory on NVIDIA, the stream pipeliner's LDS buffers on AMD.
 
-Launched by :mod:`int8_paged_attention`, which picks the tile and split count.
+Rotation (``ROTATE``): with the cache holding Hadamard-rotated rows, the query is rotated on
+the way in and the output on the way out, both as tensor-core products with the +-1 Sylvester
+matrix of one slice (``H_D = H_{D/s} (x) H_s``: a slice of the rotated vector is a signed sum of
+the rotated slices). The query product is exact (bf16/fp16 times +-1, fp32 sums); the
+accumulator enters as a high and a low half of the query dtype, which leaves an error below
+2^-16 of each value.
+
+Launched by :mod:`int8_paged_attention`, which picks the tile, slice and split count.
 """
 
 from __future__ import annotations
@@ -20,32 +31,128 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .int8_attention_tiles import dot_operand, load_kv_tile
-from .kv_rotation import hadamard_rows
+from .int8_attention_tiles import dot_operand
 
-__all__ = ["decode_split_kernel", "decode_reduce_kernel"]
+__all__ = ["decode_split_kernel", "decode_reduce_kernel", "MAX_SLICES"]
+
+# Slices per head (the kernel unrolls up to four accumulators).
+MAX_SLICES = 4
 
 
 @triton.jit
-def _decode_tile(
-    q_t, k, v, k_scale, v_scale, valid, m_i, l_i, acc_t, qk_scale, DOT_DTYPE: tl.constexpr, UPCAST_DOT: tl.constexpr
-):
-    """One online-softmax step of a decode, transposed: the group's query heads are columns."""
-    s_t = tl.dot(dot_operand(k, DOT_DTYPE, UPCAST_DOT), q_t)  # [BLOCK_N, GROUP_PAD]
-    s_t = s_t * (k_scale * qk_scale)[:, None]
-    s_t = tl.where(valid[:, None], s_t, float("-inf"))
-    # Every tile of a split's range holds a valid position, so m_new is finite.
-    m_new = tl.maximum(m_i, tl.max(s_t, axis=0))
-    alpha = tl.exp2(m_i - m_new)
-    p_t = tl.exp2(s_t - m_new[None, :])
-    l_i = l_i * alpha + tl.sum(p_t, axis=0)
-    acc_t = acc_t * alpha[None, :]
-    acc_t = tl.dot(
-        tl.trans(dot_operand(v, DOT_DTYPE, UPCAST_DOT)),
-        dot_operand(p_t * v_scale[:, None], DOT_DTYPE, UPCAST_DOT),
-        acc_t,
+def _signs(N: tl.constexpr, DTYPE: tl.constexpr):
+    """The +-1 Sylvester-Hadamard matrix ``S[i, j] = (-1)^popcount(i & j)`` for N <= 256."""
+    bits = tl.arange(0, N)[:, None] & tl.arange(0, N)[None, :]
+    bits = bits ^ (bits >> 4)
+    bits = bits ^ (bits >> 2)
+    bits = bits ^ (bits >> 1)
+    return tl.where((bits & 1) == 0, 1.0, -1.0).to(DTYPE)
+
+
+@triton.jit
+def _signed_sums(w0, w1, w2, w3, NUM_SLICES: tl.constexpr):
+    """Slice j of ``(H_{NUM_SLICES} (x) I) [w0; w1; w2; w3]`` (unnormalised), for j = 0..3."""
+    if NUM_SLICES == 1:
+        return w0, w1, w2, w3
+    elif NUM_SLICES == 2:
+        return w0 + w1, w0 - w1, w2, w3
+    else:
+        a, b, c, d = w0 + w1, w0 - w1, w2 + w3, w2 - w3
+        return a + c, b + d, a - c, b - d
+
+
+@triton.jit
+def _rotate_exact(x0, x1, x2, x3, signs, NUM_SLICES: tl.constexpr, NORM: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    """``H x`` of a column set split in slices ``x_j [D_SLICE, G]`` held in the dot dtype (exact)."""
+    w0 = tl.dot(signs, x0)
+    w1 = w0
+    w2 = w0
+    w3 = w0
+    if NUM_SLICES > 1:
+        w1 = tl.dot(signs, x1)
+    if NUM_SLICES > 2:
+        w2 = tl.dot(signs, x2)
+        w3 = tl.dot(signs, x3)
+    r0, r1, r2, r3 = _signed_sums(w0, w1, w2, w3, NUM_SLICES)
+    return r0 * NORM, r1 * NORM, r2 * NORM, r3 * NORM
+
+
+@triton.jit
+def _split_dot(signs, x, DOT_DTYPE: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    """``signs @ x`` for fp32 ``x``: its high and low halves in the dot dtype, two products."""
+    high = x.to(DOT_DTYPE)
+    low = (x - high.to(tl.float32)).to(DOT_DTYPE)
+    return tl.dot(signs, dot_operand(high, DOT_DTYPE, UPCAST_DOT)) + tl.dot(signs, dot_operand(low, DOT_DTYPE, UPCAST_DOT))
+
+
+@triton.jit
+def _rotate_fp32(x0, x1, x2, x3, signs, NUM_SLICES: tl.constexpr, NORM: tl.constexpr,
+                 DOT_DTYPE: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    """``H x`` of fp32 slices ``x_j [D_SLICE, G]``."""
+    w0 = _split_dot(signs, x0, DOT_DTYPE, UPCAST_DOT)
+    w1 = w0
+    w2 = w0
+    w3 = w0
+    if NUM_SLICES > 1:
+        w1 = _split_dot(signs, x1, DOT_DTYPE, UPCAST_DOT)
+    if NUM_SLICES > 2:
+        w2 = _split_dot(signs, x2, DOT_DTYPE, UPCAST_DOT)
+        w3 = _split_dot(signs, x3, DOT_DTYPE, UPCAST_DOT)
+    r0, r1, r2, r3 = _signed_sums(w0, w1, w2, w3, NUM_SLICES)
+    return r0 * NORM, r1 * NORM, r2 * NORM, r3 * NORM
+
+
+@triton.jit
+def _query_slice(query_ptr, token, heads, col_valid, stride_q_token, stride_q_head, stride_q_dim,
+                 j: tl.constexpr, D_SLICE: tl.constexpr, DOT_DTYPE: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    """Slice ``j`` of the group's query rows, transposed: ``[D_SLICE, GROUP_PAD]``."""
+    dims = j * D_SLICE + tl.arange(0, D_SLICE)
+    q_t = tl.load(
+        query_ptr + token * stride_q_token + heads[None, :] * stride_q_head + dims[:, None] * stride_q_dim,
+        mask=col_valid[None, :],
+        other=0.0,
     )
-    return m_new, l_i, acc_t
+    return dot_operand(q_t, DOT_DTYPE, UPCAST_DOT)
+
+
+@triton.jit
+def _scores_slice(s_t, k_ptrs, valid, q_t, j: tl.constexpr, D_SLICE: tl.constexpr,
+                  DOT_DTYPE: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    k = tl.load(k_ptrs + j * D_SLICE, mask=valid[:, None], other=0)  # int8 [BLOCK_N, D_SLICE]
+    return tl.dot(dot_operand(k, DOT_DTYPE, UPCAST_DOT), q_t, s_t)
+
+
+@triton.jit
+def _values_slice(acc_t, v_ptrs, valid, p_t, alpha, j: tl.constexpr, D_SLICE: tl.constexpr,
+                  DOT_DTYPE: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    v = tl.load(v_ptrs + j * D_SLICE, mask=valid[:, None], other=0)  # int8 [BLOCK_N, D_SLICE]
+    return tl.dot(tl.trans(dot_operand(v, DOT_DTYPE, UPCAST_DOT)), p_t, acc_t * alpha[None, :])
+
+
+@triton.jit
+def _store_slice(acc_t, scale, j: tl.constexpr, output_ptr, partial_acc_ptr, token, heads, col_valid, entry,
+                 stride_o_token, stride_o_head, stride_o_dim, HEAD_DIM: tl.constexpr, D_SLICE: tl.constexpr,
+                 WRITE_OUTPUT: tl.constexpr):
+    dims = j * D_SLICE + tl.arange(0, D_SLICE)
+    acc_t = acc_t * scale[None, :]
+    if WRITE_OUTPUT:
+        tl.store(
+            output_ptr + token * stride_o_token + heads[None, :] * stride_o_head + dims[:, None] * stride_o_dim,
+            acc_t.to(output_ptr.dtype.element_ty),
+            mask=col_valid[None, :],
+        )
+    else:
+        tl.store(partial_acc_ptr + entry[None, :] * HEAD_DIM + dims[:, None], acc_t, mask=col_valid[None, :])
+
+
+@triton.jit
+def _split_range(seq_len, split, num_splits, BLOCK_N: tl.constexpr, MIN_TILES_PER_SPLIT: tl.constexpr):
+    """Tiles ``[lo, hi)`` of one split, and how many splits of the decode hold any tile."""
+    num_tiles = tl.cdiv(seq_len, BLOCK_N)
+    tiles_per_split = tl.maximum(tl.cdiv(num_tiles, num_splits), MIN_TILES_PER_SPLIT)
+    lo = split * tiles_per_split
+    hi = tl.minimum(lo + tiles_per_split, num_tiles)
+    return lo, hi, tl.minimum(tl.cdiv(num_tiles, tiles_per_split), num_splits)
 
 
 @triton.jit(do_not_specialize=["num_tokens", "num_splits"])
@@ -78,21 +185,21 @@ def decode_split_kernel(
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    D_SLICE: tl.constexpr,  # HEAD_DIM / D_SLICE slices, at most MAX_SLICES
     MIN_TILES_PER_SPLIT: tl.constexpr,
     V_DATA_OFFSET: tl.constexpr,
     K_SCALE_OFFSET_F32: tl.constexpr,
     V_SCALE_OFFSET_F32: tl.constexpr,
     WRITE_OUTPUT: tl.constexpr,  # single split: normalise and write the output directly
-    PREFETCH_NEXT_TILE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # the query dtype (tl.bfloat16 / tl.float16)
     UPCAST_DOT: tl.constexpr,
     ROTATE: tl.constexpr,
-    LOG2_HEAD_DIM: tl.constexpr,
     ROTATION_NORM: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    NUM_SLICES: tl.constexpr = HEAD_DIM // D_SLICE
 
     query_start = tl.load(query_start_loc_ptr + seq)
     query_end = tl.load(query_start_loc_ptr + seq + 1)
@@ -100,96 +207,106 @@ def decode_split_kernel(
     # CUDA-graph padding (query_len 0) or a malformed entry: touch nothing.
     if (query_end - query_start != 1) | (query_start < 0) | (query_start >= num_tokens):
         return
-    num_tiles = tl.cdiv(seq_len, BLOCK_N)
-    tiles_per_split = tl.maximum(tl.cdiv(num_tiles, num_splits), MIN_TILES_PER_SPLIT)
-    tile_lo = split * tiles_per_split
-    tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
+    tile_lo, tile_hi, _ = _split_range(seq_len, split, num_splits, BLOCK_N, MIN_TILES_PER_SPLIT)
+    # Past the last split that holds a tile the reduce kernel reads nothing: no entry to write.
+    if tile_lo >= tile_hi:
+        return
 
     # The group's query heads are the columns: everything below is transposed
     # (S^T = K Q^T, O^T = V^T P^T) so that the KV tile -- the big operand -- is the left-hand
-    # one and M = BLOCK_N / HEAD_DIM is large enough for wgmma on sm90 (with the group as M,
+    # one and M = BLOCK_N / D_SLICE is large enough for wgmma on sm90 (with the group as M,
     # Triton fell back to mma.sync and read the int8 V tile from shared memory byte by byte).
     cols = tl.arange(0, GROUP_PAD)
     col_valid = cols < GROUP
     heads = kv_head * GROUP + cols
-    dims = tl.arange(0, HEAD_DIM)
     token = query_start.to(tl.int64)
     entry = (seq.to(tl.int64) * num_splits + split) * NUM_Q_HEADS + heads
-    if tile_lo >= tile_hi:
-        # More splits than tiles (or seq_len 0): mark the split empty for the reduce kernel.
-        if not WRITE_OUTPUT:
-            tl.store(partial_max_ptr + entry, tl.full([GROUP_PAD], float("-inf"), tl.float32), mask=col_valid)
-            tl.store(partial_sum_ptr + entry, tl.zeros([GROUP_PAD], tl.float32), mask=col_valid)
-        return
 
+    q0 = _query_slice(query_ptr, token, heads, col_valid, stride_q_token, stride_q_head, stride_q_dim, 0, D_SLICE, DOT_DTYPE, UPCAST_DOT)
+    q1 = q0
+    q2 = q0
+    q3 = q0
+    if NUM_SLICES > 1:
+        q1 = _query_slice(query_ptr, token, heads, col_valid, stride_q_token, stride_q_head, stride_q_dim, 1, D_SLICE, DOT_DTYPE, UPCAST_DOT)
+    if NUM_SLICES > 2:
+        q2 = _query_slice(query_ptr, token, heads, col_valid, stride_q_token, stride_q_head, stride_q_dim, 2, D_SLICE, DOT_DTYPE, UPCAST_DOT)
+        q3 = _query_slice(query_ptr, token, heads, col_valid, stride_q_token, stride_q_head, stride_q_dim, 3, D_SLICE, DOT_DTYPE, UPCAST_DOT)
     if ROTATE:
-        q = tl.load(
-            query_ptr + token * stride_q_token + heads[:, None] * stride_q_head + dims[None, :] * stride_q_dim,
-            mask=col_valid[:, None],
-            other=0.0,
-        )  # [GROUP_PAD, HEAD_DIM]
-        q_t = tl.trans(hadamard_rows(q.to(tl.float32), GROUP_PAD, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM))
-    else:
-        q_t = tl.load(
-            query_ptr + token * stride_q_token + heads[None, :] * stride_q_head + dims[:, None] * stride_q_dim,
-            mask=col_valid[None, :],
-            other=0.0,
-        )  # [HEAD_DIM, GROUP_PAD]
-    q_t = dot_operand(q_t, DOT_DTYPE, UPCAST_DOT)
+        signs = dot_operand(_signs(D_SLICE, DOT_DTYPE), DOT_DTYPE, UPCAST_DOT)
+        r0, r1, r2, r3 = _rotate_exact(q0, q1, q2, q3, signs, NUM_SLICES, ROTATION_NORM, UPCAST_DOT)
+        q0 = dot_operand(r0, DOT_DTYPE, UPCAST_DOT)
+        q1 = dot_operand(r1, DOT_DTYPE, UPCAST_DOT)
+        q2 = dot_operand(r2, DOT_DTYPE, UPCAST_DOT)
+        q3 = dot_operand(r3, DOT_DTYPE, UPCAST_DOT)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
-    acc_t = tl.zeros([HEAD_DIM, GROUP_PAD], dtype=tl.float32)
+    acc0 = tl.zeros([D_SLICE, GROUP_PAD], dtype=tl.float32)
+    acc1 = acc0
+    acc2 = acc0
+    acc3 = acc0
     block_table_row = block_table_ptr + seq.to(tl.int64) * stride_block_table
-    if PREFETCH_NEXT_TILE:
-        # Software pipelining by hand: the next tile's block-table entries and K/V bytes are in
-        # flight while this tile's dots and softmax run (num_stages > 1 would stage through
-        # shared memory and costs more registers than this). Past the split's last tile the
-        # mask is all false, so no bytes of the next split are read.
-        positions = tile_lo * BLOCK_N + tl.arange(0, BLOCK_N)
+    slice_dims = tl.arange(0, D_SLICE)
+    for tile in range(tile_lo, tile_hi):  # software-pipelined when launched with num_stages > 1
+        # Every token is looked up in the block table on its own, so a tile may straddle pages
+        # (block sizes need not be multiples of the tile); a page holds one head's tokens as
+        # contiguous HEAD_DIM-byte rows (kernels/int8_kv_layout.py).
+        positions = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         valid = positions < seq_len
-        k, v, k_scale, v_scale = load_kv_tile(
-            cache_ptr, cache_f32_ptr, block_table_row, positions, valid, kv_head,
-            stride_cache_block, stride_cache_block_f32,
-            BLOCK_SIZE, HEAD_DIM, V_DATA_OFFSET, K_SCALE_OFFSET_F32, V_SCALE_OFFSET_F32, True,
-        )
-        for tile in range(tile_lo, tile_hi):
-            next_positions = positions + BLOCK_N
-            next_valid = (next_positions < seq_len) & (tile + 1 < tile_hi)
-            next_k, next_v, next_k_scale, next_v_scale = load_kv_tile(
-                cache_ptr, cache_f32_ptr, block_table_row, next_positions, next_valid, kv_head,
-                stride_cache_block, stride_cache_block_f32,
-                BLOCK_SIZE, HEAD_DIM, V_DATA_OFFSET, K_SCALE_OFFSET_F32, V_SCALE_OFFSET_F32, True,
-            )
-            m_i, l_i, acc_t = _decode_tile(
-                q_t, k, v, k_scale, v_scale, valid, m_i, l_i, acc_t, qk_scale, DOT_DTYPE, UPCAST_DOT
-            )
-            k, v, k_scale, v_scale = next_k, next_v, next_k_scale, next_v_scale
-            positions, valid = next_positions, next_valid
-    else:
-        for tile in range(tile_lo, tile_hi):
-            positions = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-            valid = positions < seq_len
-            k, v, k_scale, v_scale = load_kv_tile(
-                cache_ptr, cache_f32_ptr, block_table_row, positions, valid, kv_head,
-                stride_cache_block, stride_cache_block_f32,
-                BLOCK_SIZE, HEAD_DIM, V_DATA_OFFSET, K_SCALE_OFFSET_F32, V_SCALE_OFFSET_F32, True,
-            )
-            m_i, l_i, acc_t = _decode_tile(
-                q_t, k, v, k_scale, v_scale, valid, m_i, l_i, acc_t, qk_scale, DOT_DTYPE, UPCAST_DOT
-            )
+        block = tl.load(block_table_row + positions // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+        row = kv_head * BLOCK_SIZE + positions % BLOCK_SIZE
+        scale_offsets = block * stride_cache_block_f32 + row
+        k_scale = tl.load(cache_f32_ptr + scale_offsets + K_SCALE_OFFSET_F32, mask=valid, other=0.0)
+        v_scale = tl.load(cache_f32_ptr + scale_offsets + V_SCALE_OFFSET_F32, mask=valid, other=0.0)
+        data_offsets = block * stride_cache_block + row * HEAD_DIM
+        k_ptrs = cache_ptr + data_offsets[:, None] + slice_dims[None, :]
+
+        s_t = tl.zeros([BLOCK_N, GROUP_PAD], dtype=tl.float32)
+        s_t = _scores_slice(s_t, k_ptrs, valid, q0, 0, D_SLICE, DOT_DTYPE, UPCAST_DOT)
+        if NUM_SLICES > 1:
+            s_t = _scores_slice(s_t, k_ptrs, valid, q1, 1, D_SLICE, DOT_DTYPE, UPCAST_DOT)
+        if NUM_SLICES > 2:
+            s_t = _scores_slice(s_t, k_ptrs, valid, q2, 2, D_SLICE, DOT_DTYPE, UPCAST_DOT)
+            s_t = _scores_slice(s_t, k_ptrs, valid, q3, 3, D_SLICE, DOT_DTYPE, UPCAST_DOT)
+        s_t = s_t * (k_scale * qk_scale)[:, None]
+        s_t = tl.where(valid[:, None], s_t, float("-inf"))
+        # Every tile of a split's range holds a valid position, so m_new is finite.
+        m_new = tl.maximum(m_i, tl.max(s_t, axis=0))
+        alpha = tl.exp2(m_i - m_new)
+        p_t = tl.exp2(s_t - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(p_t, axis=0)
+        p_t = dot_operand(p_t * v_scale[:, None], DOT_DTYPE, UPCAST_DOT)
+        v_ptrs = cache_ptr + V_DATA_OFFSET + data_offsets[:, None] + slice_dims[None, :]
+        acc0 = _values_slice(acc0, v_ptrs, valid, p_t, alpha, 0, D_SLICE, DOT_DTYPE, UPCAST_DOT)
+        if NUM_SLICES > 1:
+            acc1 = _values_slice(acc1, v_ptrs, valid, p_t, alpha, 1, D_SLICE, DOT_DTYPE, UPCAST_DOT)
+        if NUM_SLICES > 2:
+            acc2 = _values_slice(acc2, v_ptrs, valid, p_t, alpha, 2, D_SLICE, DOT_DTYPE, UPCAST_DOT)
+            acc3 = _values_slice(acc3, v_ptrs, valid, p_t, alpha, 3, D_SLICE, DOT_DTYPE, UPCAST_DOT)
+        m_i = m_new
 
     if ROTATE:
-        acc_t = tl.trans(hadamard_rows(tl.trans(acc_t), GROUP_PAD, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM))
-    if WRITE_OUTPUT:
-        out_t = acc_t / l_i[None, :]
-        tl.store(
-            output_ptr + token * stride_o_token + heads[None, :] * stride_o_head + dims[:, None] * stride_o_dim,
-            out_t.to(output_ptr.dtype.element_ty),
-            mask=col_valid[None, :],
+        # Rotated normalised (bounded by the values, whatever the dtype of the halves), then
+        # scaled back by the sum where the reduce kernel weighs unnormalised partials.
+        inv_l = 1.0 / l_i
+        acc0, acc1, acc2, acc3 = _rotate_fp32(
+            acc0 * inv_l[None, :], acc1 * inv_l[None, :], acc2 * inv_l[None, :], acc3 * inv_l[None, :],
+            signs, NUM_SLICES, ROTATION_NORM, DOT_DTYPE, UPCAST_DOT,
         )
+        scale = tl.full([GROUP_PAD], 1.0, tl.float32) if WRITE_OUTPUT else l_i
     else:
-        tl.store(partial_acc_ptr + entry[None, :] * HEAD_DIM + dims[:, None], acc_t, mask=col_valid[None, :])
+        scale = 1.0 / l_i if WRITE_OUTPUT else tl.full([GROUP_PAD], 1.0, tl.float32)
+    _store_slice(acc0, scale, 0, output_ptr, partial_acc_ptr, token, heads, col_valid, entry,
+                 stride_o_token, stride_o_head, stride_o_dim, HEAD_DIM, D_SLICE, WRITE_OUTPUT)
+    if NUM_SLICES > 1:
+        _store_slice(acc1, scale, 1, output_ptr, partial_acc_ptr, token, heads, col_valid, entry,
+                     stride_o_token, stride_o_head, stride_o_dim, HEAD_DIM, D_SLICE, WRITE_OUTPUT)
+    if NUM_SLICES > 2:
+        _store_slice(acc2, scale, 2, output_ptr, partial_acc_ptr, token, heads, col_valid, entry,
+                     stride_o_token, stride_o_head, stride_o_dim, HEAD_DIM, D_SLICE, WRITE_OUTPUT)
+        _store_slice(acc3, scale, 3, output_ptr, partial_acc_ptr, token, heads, col_valid, entry,
+                     stride_o_token, stride_o_head, stride_o_dim, HEAD_DIM, D_SLICE, WRITE_OUTPUT)
+    if not WRITE_OUTPUT:
         tl.store(partial_max_ptr + entry, m_i, mask=col_valid)
         tl.store(partial_sum_ptr + entry, l_i, mask=col_valid)
 
@@ -201,6 +318,7 @@ def decode_reduce_kernel(
     partial_max_ptr,
     partial_sum_ptr,
     query_start_loc_ptr,
+    seq_lens_ptr,
     num_tokens,
     num_splits,
     stride_o_token,
@@ -208,14 +326,16 @@ def decode_reduce_kernel(
     stride_o_dim,
     NUM_Q_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # the decode kernel's KV tile: which splits hold keys
+    MIN_TILES_PER_SPLIT: tl.constexpr,
     SPLIT_CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     """Merge the splits of one (decode, query head, head-dim slice).
 
-    Every split of a real decode wrote an entry (empty ones: max -inf, sum 0), so nothing
-    here depends on seq_lens: all loads go out at once. Online rescaling across chunks
-    (one chunk when SPLIT_CHUNK >= num_splits).
+    Only the splits that hold a tile wrote an entry (the decode kernel's split arithmetic,
+    :func:`_split_range`), so a short context reads only its own few entries however many
+    splits the grid has. Online rescaling across chunks (one chunk when SPLIT_CHUNK covers them).
     """
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -223,17 +343,19 @@ def decode_reduce_kernel(
 
     query_start = tl.load(query_start_loc_ptr + seq)
     query_end = tl.load(query_start_loc_ptr + seq + 1)
+    seq_len = tl.load(seq_lens_ptr + seq)
     is_decode = (query_end - query_start == 1) & (query_start >= 0) & (query_start < num_tokens)
+    _, _, used_splits = _split_range(seq_len, 0, num_splits, BLOCK_N, MIN_TILES_PER_SPLIT)
 
     chunk = tl.arange(0, SPLIT_CHUNK)
     dims = dim_block * BLOCK_D + tl.arange(0, BLOCK_D)
     first_entry = seq.to(tl.int64) * num_splits
     # A padding entry's workspace rows were never written: read none of them.
-    splits_to_read = tl.where(is_decode, num_splits, 0)
+    splits_to_read = tl.where(is_decode, used_splits, 0)
     running_max = tl.full([], float("-inf"), dtype=tl.float32)
     total = tl.full([], 0.0, dtype=tl.float32)
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for start in range(0, num_splits, SPLIT_CHUNK):
+    for start in range(0, splits_to_read, SPLIT_CHUNK):
         split = start + chunk
         in_range = split < splits_to_read
         entry = (first_entry + split) * NUM_Q_HEADS + head
@@ -243,15 +365,13 @@ def decode_reduce_kernel(
             partial_acc_ptr + entry[:, None] * HEAD_DIM + dims[None, :], mask=in_range[:, None], other=0.0
         )
         new_max = tl.maximum(running_max, tl.max(split_max, axis=0))
-        reference = tl.where(new_max == float("-inf"), 0.0, new_max)
-        weight = tl.exp2(split_max - reference)  # 0 for empty splits
-        part = tl.where(weight[:, None] > 0.0, part, 0.0)  # an empty split's accumulator is stale
-        rescale = tl.exp2(running_max - reference)
+        weight = tl.exp2(split_max - new_max)  # 0 outside the range
+        rescale = tl.exp2(running_max - new_max)
         total = total * rescale + tl.sum(weight * split_sum, axis=0)
         acc = acc * rescale + tl.sum(part * weight[:, None], axis=0)
         running_max = new_max
 
-    has_keys = total > 0.0  # seq_len 0: leave the row alone
+    has_keys = total > 0.0  # seq_len 0 (or padding): leave the row alone
     out = acc / tl.where(has_keys, total, 1.0)
     tl.store(
         output_ptr + query_start.to(tl.int64) * stride_o_token + head * stride_o_head + dims * stride_o_dim,

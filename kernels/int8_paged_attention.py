@@ -35,12 +35,12 @@ import triton
 import triton.language as tl
 
 from .int8_attention_reference import attention_reference
-from .int8_decode_attention import decode_reduce_kernel, decode_split_kernel
+from .int8_decode_attention import MAX_SLICES, decode_reduce_kernel, decode_split_kernel
 from .int8_kv_gather import gather_kv_int8
 from .int8_kv_layout import page_offsets
 from .int8_kv_store import float32_view
 from .int8_prefill_attention import prefill_attention_kernel
-from .kv_rotation import NONE, check_rotation, log2_exact, normalizer, rotate_token_rows
+from .kv_rotation import NONE, check_rotation, normalizer, rotate_token_rows
 from .launch_configs import (
     ArchLaunchConfigs,
     decode_num_splits,
@@ -160,6 +160,19 @@ def _page_constexprs(block_size: int, num_kv_heads: int, head_dim: int, dtype: t
     )
 
 
+def decode_slice(head_dim: int, config, rotate: bool) -> int:
+    """The head_dim slice the decode kernel works in for ``config`` (its ``d_slice``, 0 = whole),
+    within the kernel's bounds: at most ``MAX_SLICES`` slices, at least 16 wide, and at most
+    128 wide when rotating (the in-kernel +-1 matrix is one slice squared)."""
+    width = min(config.d_slice or head_dim, head_dim)
+    if head_dim % width:
+        width = head_dim
+    width = max(width, head_dim // MAX_SLICES, MIN_DOT_DIM)
+    if rotate:
+        width = min(width, max(128, head_dim // MAX_SLICES))
+    return width
+
+
 def _launch_decode(
     step: _Step,
     *,
@@ -198,11 +211,10 @@ def _launch_decode(
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
         BLOCK_N=config.block_n,
+        D_SLICE=decode_slice(head_dim, config, rotate),
         MIN_TILES_PER_SPLIT=configs.decode_splits.min_tiles_per_split,
         WRITE_OUTPUT=write_output,
-        PREFETCH_NEXT_TILE=config.prefetch_next_tile,
         ROTATE=rotate,
-        LOG2_HEAD_DIM=log2_exact(head_dim),
         ROTATION_NORM=normalizer(head_dim),
         **_page_constexprs(block_size, num_kv_heads, head_dim, step.query.dtype),
         **config.launch_kwargs(),
@@ -218,6 +230,7 @@ def _launch_decode(
         partial_max,
         partial_sum,
         step.query_start_loc,
+        step.seq_lens,
         num_tokens,
         num_splits,
         output.stride(0),
@@ -225,6 +238,8 @@ def _launch_decode(
         output.stride(2),
         NUM_Q_HEADS=num_q_heads,
         HEAD_DIM=head_dim,
+        BLOCK_N=config.block_n,
+        MIN_TILES_PER_SPLIT=configs.decode_splits.min_tiles_per_split,
         SPLIT_CHUNK=min(triton.next_power_of_2(num_splits), reduce.block_m),
         BLOCK_D=block_d,
         **reduce.launch_kwargs(),

@@ -50,9 +50,12 @@ class KernelConfig:
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 1
-    # Decode only: load tile i+1 while tile i is computed (more bytes in flight per program,
-    # at the cost of one more K/V tile of registers).
-    prefetch_next_tile: bool = False
+    # Decode only: head_dim is processed in slices of d_slice (0: whole; at most four slices,
+    # see kernels/int8_decode_attention.py), which sets the registers a program holds.
+    d_slice: int = 0
+    # NVIDIA only: a register cap per thread (ptxas .maxnreg; 0: the compiler's choice), so that
+    # one more program fits on an SM.
+    max_registers: int = 0
     # HIP-only compiler knobs; 0 means "leave the compiler's default" and is not passed.
     waves_per_eu: int = 0
     matrix_instr_nonkdim: int = 0
@@ -61,19 +64,22 @@ class KernelConfig:
     @property
     def label(self) -> str:
         text = f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}"
-        if self.prefetch_next_tile:
-            text += "pf"
-        for name, short in (("waves_per_eu", "we"), ("matrix_instr_nonkdim", "mi"), ("kpack", "kp")):
+        for name, short in (
+            ("d_slice", "ds"), ("max_registers", "r"), ("waves_per_eu", "we"), ("matrix_instr_nonkdim", "mi"), ("kpack", "kp"),
+        ):
             if getattr(self, name):
                 text += f"{short}{getattr(self, name)}"
         return text
 
     def launch_kwargs(self) -> dict:
         kwargs = {"num_warps": self.num_warps, "num_stages": self.num_stages}
-        for name in ("waves_per_eu", "matrix_instr_nonkdim", "kpack"):
+        for name, option in (
+            ("max_registers", "maxnreg"), ("waves_per_eu", "waves_per_eu"),
+            ("matrix_instr_nonkdim", "matrix_instr_nonkdim"), ("kpack", "kpack"),
+        ):
             value = getattr(self, name)
             if value:
-                kwargs[name] = value
+                kwargs[option] = value
         return kwargs
 
 
@@ -141,24 +147,24 @@ ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = MappingProxyType({
             128: KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3),
             256: KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=2),
         },
-        # Decode is bandwidth-bound and register-limited (reports/h200/ncu_decode_32k.txt): one
-        # 64-token tile per 4-warp program, no cp.async stages; more warps or stages raise
-        # register pressure and lose. D=256: bench/tune_decode.py's pick
-        # (reports/h200/tune_decode_h200.json, "recommended"). D <= 128: extrapolated (fewer bytes
-        # per token, so D=64 takes a wider tile).
+        # Decode: registers set how many programs an SM keeps in flight, and with them the KV
+        # bytes requested at a time (reports/h200/ncu_decode_32k.txt: the whole-head kernel
+        # held 216 registers, two programs per SM). Cutting head_dim into 64-wide slices brings
+        # a 64-token tile at D=256 to ~125 registers, four programs per SM; the H200 sweep of
+        # tile x slice x warps x register cap x split count is reports/h200/decode_sweep_h200.json.
+        # The self-tuner picks per model shape among tuning_candidates.
         decode={
             64: KernelConfig(block_n=128, num_warps=4, num_stages=1),
-            128: KernelConfig(block_n=64, num_warps=4, num_stages=1),
-            256: KernelConfig(block_n=64, num_warps=4, num_stages=1),
+            128: KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=64),
+            256: KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=64),
         },
         # block_m >= max_splits: the reduce reads all splits in one pass.
         reduce=KernelConfig(block_m=256, block_n=32, num_warps=4),
         store=KernelConfig(num_warps=2),
-        # reports/h200/tune_decode_h200.json: batch 1 is fastest at 2 programs per SM, a batch of
-        # 8 wants more splits (4 per SM); prefetch_next_tile stays off on sm90 (a second tile in
-        # registers spills: the "compiled" fields of that report).
+        # Four programs per SM at every batch size; a short context uses only the splits that
+        # hold tiles, and the reduce kernel reads only those (decode_sweep_h200.json).
         decode_splits=DecodeSplitPolicy(
-            programs_per_sm=2, max_splits=256, min_tiles_per_split=1, batched_programs_per_sm=4
+            programs_per_sm=4, max_splits=256, min_tiles_per_split=1, batched_programs_per_sm=4
         ),
         default_sm_count=132,
         # FA3 bf16 (after gather-dequantize) prefills faster than our Triton kernel on the H200:
@@ -176,8 +182,8 @@ ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = MappingProxyType({
         },
         decode={
             64: KernelConfig(block_n=64, num_warps=4, num_stages=2),
-            128: KernelConfig(block_n=64, num_warps=4, num_stages=2),
-            256: KernelConfig(block_n=32, num_warps=4, num_stages=2),
+            128: KernelConfig(block_n=64, num_warps=4, num_stages=2, d_slice=64),
+            256: KernelConfig(block_n=32, num_warps=4, num_stages=2, d_slice=64),
         },
         reduce=KernelConfig(block_m=128, block_n=32, num_warps=4),
         store=KernelConfig(num_warps=2),
@@ -198,13 +204,15 @@ ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = MappingProxyType({
             128: KernelConfig(block_m=64, block_n=32, num_warps=8, num_stages=1),
             256: KernelConfig(block_m=128, block_n=16, num_warps=8, num_stages=1),
         },
-        # Decode is bandwidth-bound: prefetching the next KV tile keeps two tiles in flight per
-        # program at the same waves per SIMD (the gate shows it costs no registers here, unlike
-        # on sm90), i.e. >= 64 KiB of K/V requested per CU at a time.
+        # Decode is bandwidth-bound and VGPR-limited: 64-wide head_dim slices keep a D=256
+        # program at 148 VGPRs (3 waves per SIMD; the whole-head kernel with its prefetched
+        # second tile needed 188, 2 waves) and D=128 at 124 (4 waves), scratch-free
+        # (reports/amd/aot_resources.md). The self-tuner also tries the stream-pipelined loop
+        # (num_stages=2, K/V tiles double-buffered in LDS) and wider tiles.
         decode={
-            64: KernelConfig(block_n=64, num_warps=4, num_stages=1, prefetch_next_tile=True),
-            128: KernelConfig(block_n=64, num_warps=4, num_stages=1, prefetch_next_tile=True),
-            256: KernelConfig(block_n=32, num_warps=4, num_stages=1, prefetch_next_tile=True),
+            64: KernelConfig(block_n=64, num_warps=4, num_stages=1),
+            128: KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=64),
+            256: KernelConfig(block_n=32, num_warps=4, num_stages=1, d_slice=64),
         },
         reduce=KernelConfig(block_m=128, block_n=64, num_warps=4, num_stages=1),
         store=KernelConfig(num_warps=1, num_stages=1),
@@ -221,8 +229,8 @@ ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = MappingProxyType({
         },
         decode={
             64: KernelConfig(block_n=32, num_warps=4, num_stages=1),
-            128: KernelConfig(block_n=32, num_warps=4, num_stages=1),
-            256: KernelConfig(block_n=16, num_warps=4, num_stages=1),
+            128: KernelConfig(block_n=32, num_warps=4, num_stages=1, d_slice=64),
+            256: KernelConfig(block_n=16, num_warps=4, num_stages=1, d_slice=64),
         },
         reduce=KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=1),
         store=KernelConfig(num_warps=1, num_stages=1),
@@ -232,8 +240,9 @@ ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = MappingProxyType({
     "interpreter": ArchLaunchConfigs(
         key="interpreter",
         prefill={d: KernelConfig(block_m=16, block_n=16, num_warps=4, num_stages=1) for d in (64, 128, 256)},
-        # 32 does not divide the test block sizes 48/80: tiles straddle pages there.
-        decode={d: KernelConfig(block_n=32, num_warps=4, num_stages=1) for d in (64, 128, 256)},
+        # 32 does not divide the test block sizes 48/80: tiles straddle pages there. 32-wide
+        # head_dim slices: every test head size runs the sliced form of the GPU tables (2-4 slices).
+        decode={d: KernelConfig(block_n=32, num_warps=4, num_stages=1, d_slice=32) for d in (64, 128, 256)},
         # A small split chunk so that the reduce kernel's chunk loop runs more than once in tests.
         reduce=KernelConfig(block_m=4, block_n=32, num_warps=4, num_stages=1),
         store=KernelConfig(num_warps=1, num_stages=1),
@@ -382,8 +391,8 @@ class TuningCandidates:
 
 
 def _cuda_candidates(head_dim: int) -> TuningCandidates:
-    # Neutral: one grid for every NVIDIA GPU, not derived from a measured table. Decode: the
-    # KV tile, 4 or 8 warps, no cp.async stages; prefill: 64/128-row tiles, 2-3 stages.
+    # Neutral: one grid for every NVIDIA GPU, not derived from a measured table. Prefill:
+    # 64/128-row tiles, 2-3 stages.
     if head_dim >= 256:
         prefill = (
             KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=2),
@@ -399,13 +408,17 @@ def _cuda_candidates(head_dim: int) -> TuningCandidates:
             KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3),
             KernelConfig(block_m=128, block_n=128, num_warps=8, num_stages=2),
         )
+    # Decode: the KV tile, the head_dim slice (64 wide or whole), a register cap that lets a
+    # fourth 4-warp program fit on an SM, and the cp.async-pipelined loop.
     decode = (
-        KernelConfig(block_n=32, num_warps=4, num_stages=1),
+        KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=64),
+        KernelConfig(block_n=128, num_warps=4, num_stages=1, d_slice=64, max_registers=128),
+        KernelConfig(block_n=32, num_warps=4, num_stages=1, d_slice=64),
+        KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=128),
         KernelConfig(block_n=64, num_warps=4, num_stages=1),
-        KernelConfig(block_n=128, num_warps=4, num_stages=1),
-        KernelConfig(block_n=64, num_warps=8, num_stages=1),
+        KernelConfig(block_n=32, num_warps=4, num_stages=3, d_slice=64),
     )
-    return TuningCandidates(decode, programs_per_sm=(1, 2, 4), batched_programs_per_sm=(2, 4, 8), prefill=prefill)
+    return TuningCandidates(decode, programs_per_sm=(2, 4, 8), batched_programs_per_sm=(2, 4, 8), prefill=prefill)
 
 
 def _rocm_gfx9_candidates(head_dim: int) -> TuningCandidates:
@@ -420,10 +433,12 @@ def _rocm_gfx9_candidates(head_dim: int) -> TuningCandidates:
             KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=1),
         )
         decode = (
-            KernelConfig(block_n=32, num_warps=4, num_stages=1, prefetch_next_tile=True),
+            KernelConfig(block_n=32, num_warps=4, num_stages=1, d_slice=64),
+            KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=64),
+            KernelConfig(block_n=32, num_warps=4, num_stages=2, d_slice=64),
+            KernelConfig(block_n=16, num_warps=4, num_stages=1, d_slice=64),
+            KernelConfig(block_n=128, num_warps=8, num_stages=1, d_slice=64),
             KernelConfig(block_n=32, num_warps=4, num_stages=1),
-            KernelConfig(block_n=64, num_warps=4, num_stages=1),
-            KernelConfig(block_n=128, num_warps=8, num_stages=1),
         )
     else:
         prefill = (
@@ -436,10 +451,12 @@ def _rocm_gfx9_candidates(head_dim: int) -> TuningCandidates:
         if head_dim > 64:  # 128x32 spills at D=128 (bf16, gfx942)
             prefill = prefill[1:]
         decode = (
-            KernelConfig(block_n=64, num_warps=4, num_stages=1, prefetch_next_tile=True),
+            KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=64),
+            KernelConfig(block_n=32, num_warps=4, num_stages=1, d_slice=64),
+            KernelConfig(block_n=32, num_warps=4, num_stages=2, d_slice=64),
+            KernelConfig(block_n=128, num_warps=4, num_stages=1, d_slice=64),
             KernelConfig(block_n=64, num_warps=4, num_stages=1),
-            KernelConfig(block_n=128, num_warps=4, num_stages=1),
-            KernelConfig(block_n=32, num_warps=4, num_stages=1, prefetch_next_tile=True),
+            KernelConfig(block_n=16, num_warps=4, num_stages=1, d_slice=64),
         )
     return TuningCandidates(decode, programs_per_sm=(2, 4, 8), batched_programs_per_sm=(2, 4, 8), prefill=prefill)
 

@@ -473,7 +473,8 @@ class OursFa3Contender(OursContender):
 
 
 def build_fa3_contenders(ctx: Context, prefill: bool) -> List[Tuple[str, Any, Optional[str]]]:
-    """--fa3: FA3 bf16 (the baseline, first), ours, and ours with the FA3 prefill (prefill cases)."""
+    """--fa3: FA3 bf16 (the baseline, first), stock TRITON_ATTN bf16 (the ROCm default path), ours,
+    and ours with the FA3 prefill (prefill cases)."""
     config, geometry, device = ctx.config, ctx.config.geometry, ctx.device
     fa3_name = f"fa3_bf16_bs{config.bf16_block_size}"
     ours_name, ours_fa3_name = f"ours_bs{config.ours_block_size}", f"ours_fa3_bs{config.ours_block_size}"
@@ -481,6 +482,11 @@ def build_fa3_contenders(ctx: Context, prefill: bool) -> List[Tuple[str, Any, Op
     result: List[Tuple[str, Any, Optional[str]]] = [
         (fa3_name, Fa3Contender(fa, geometry, config.bf16_block_size, device) if fa else None, why_not)
     ]
+    triton_name = f"vllm_bf16_bs{config.bf16_block_size}"
+    if ctx.vllm is None:
+        result.append((triton_name, None, f"vLLM not importable: {ctx.vllm_error}"))
+    else:
+        result.append((triton_name, VllmTritonContender(ctx.vllm, geometry, config.bf16_block_size, "auto", device), None))
     if ctx.ours is None:
         return result + [(ours_name, None, f"our kernels not importable: {ctx.ours_error}")]
     result.append((ours_name, OursContender(ctx.ours, geometry, config.ours_block_size, device), None))

@@ -27,7 +27,7 @@ class BenchOptions:
     no_bs16: bool = False  # skip our block-size-16 reference contender
     rotation: bool = False  # ours only: unrotated vs rotated (fused) vs rotated by torch matmuls
     fa3: bool = False  # against FlashAttention-3 bf16
-    geometry: str = "qwen35"  # --fa3: the layer's shape (FA3_GEOMETRIES)
+    geometry: str = "qwen35"  # --fa3 / --rotation: the layer's shape (FA3_GEOMETRIES)
     rep_ms: Optional[float] = None  # do_bench's repetition time per measurement
     warmup_ms: Optional[float] = None
     time_budget_s: float = 0.0  # start no new case after this (0: no limit)
@@ -88,6 +88,10 @@ FULL_CONFIG = BenchConfig(
 )
 
 
+# --fa3 and --rotation decode: batch 1 at three contexts and two batched steps (issue #24's line).
+DECODE_LINE_CASES = [(1, 4096), (1, 16384), (1, 32768), (8, 8192), (32, 4096)]
+
+
 def make_config(options: BenchOptions) -> BenchConfig:
     """A new config for ``options`` (the presets are never modified)."""
     if options.smoke:
@@ -120,11 +124,12 @@ def make_config(options: BenchOptions) -> BenchConfig:
         config.ours_small_block_size = None
         if not options.smoke:
             config.geometry, config.ours_block_size, config.bf16_block_size = FA3_GEOMETRIES[options.geometry]
-            config.decode_cases = [(1, 4096), (1, 16384), (1, 32768), (8, 8192)]
+            config.decode_cases = DECODE_LINE_CASES
             config.prefill_totals = [6144, 12288, 24576]
     if options.rotation and not options.smoke:
         config.ours_small_block_size = None
-        config.decode_cases = [(1, 4096), (1, 32768)]
+        config.geometry, config.ours_block_size, config.bf16_block_size = FA3_GEOMETRIES[options.geometry]
+        config.decode_cases = DECODE_LINE_CASES
         config.prefill_totals = [6144, 24576]
         config.store_token_counts = [1, 2048]
     if options.no_bs16:
@@ -148,6 +153,7 @@ class Context:
         self.device = torch.device("cpu") if options.smoke else torch.device("cuda")
         self.timer = Timer(options.smoke, config.warmup_ms)
         self.copy_bw_gbps: Optional[float] = None
+        self.stream_bw_gbps: Optional[float] = None  # section "stream" (bench.stream_read)
         self.seed = options.seed
         budget = options.time_budget_s or 0
         self.deadline = START + budget if budget > 0 else None
@@ -218,4 +224,16 @@ def section_copy(ctx: Context) -> Dict[str, Any]:
         log(f"copy bandwidth (read + written): {ctx.copy_bw_gbps:.0f} GB/s")
     if not torch.equal(target[:4096], source[:4096]):
         raise RuntimeError("copy produced wrong bytes")
+    return result
+
+
+def section_stream(ctx: Context) -> Dict[str, Any]:
+    """Streaming-read bandwidth (bench.stream_read): the yardstick of every "% of streaming read"."""
+    if ctx.smoke:
+        return {"status": "skipped", "reason": "smoke run: nothing timed"}
+    from bench import stream_read
+
+    result = stream_read.measure(ctx.timer, ctx.device, rep_ms=max(ctx.config.rep_ms, 20.0))
+    ctx.stream_bw_gbps = result["stream_read_GBps"]
+    log(f"streaming-read bandwidth: {ctx.stream_bw_gbps:.0f} GB/s")
     return result

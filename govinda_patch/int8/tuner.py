@@ -11,7 +11,8 @@ call; no table is ever modified.
 
 The child (:func:`run_tuning`) checks each candidate of ``launch_configs.tuning_candidates``
 against the torch reference on a small batch, then times it: decode tiles x split policy at
-batch 1, the split policy at batch 8, then prefill tiles/warps/stages. It keeps the fastest
+batch 1 (scored by the geometric mean of their times at several contexts, 4K/16K/32K on a
+GPU), the split policy at batch 8, then prefill tiles/warps/stages. It keeps the fastest
 correct candidate of each part, within a time budget (``GOVINDA_TUNE_BUDGET_S``); parts it
 does not reach, or where no candidate passes, keep the hand table's entry.
 """
@@ -33,6 +34,8 @@ from typing import Callable, Optional
 from ..kernel_package import import_kernel
 
 TUNE_TIMEOUT_MARGIN_S = 180  # child start-up, imports and the last compile on top of the budget
+# The batch-1 timings cycle through copies of their context holding at least this many bytes.
+REPLICATED_BYTES = 128 << 20
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class TuneShape:
 class TuneWorkload:
     """The problem sizes timed (the check batch is fixed and small)."""
 
-    decode_context: int = 16384  # batch 1
+    decode_contexts: tuple = (4096, 16384, 32768)  # batch 1: a candidate's score is the geometric mean
     batched_decodes: int = 8
     batched_context: int = 8192
     prefill_tokens: int = 8192
@@ -74,7 +77,7 @@ class TuneWorkload:
 DEFAULT_WORKLOAD = TuneWorkload()
 # Interpreter (CPU tests): shapes that still span several tiles, splits and pages.
 INTERPRETER_WORKLOAD = TuneWorkload(
-    decode_context=96, batched_decodes=3, batched_context=64, prefill_tokens=40,
+    decode_contexts=(40, 96), batched_decodes=3, batched_context=64, prefill_tokens=40,
     check_prefill_query_lens=(20, 5), check_prefill_seq_lens=(37, 5),
 )
 
@@ -191,12 +194,21 @@ class TuneProblems:
         self.generator = torch.Generator().manual_seed(seed)
         w = workload
         # Decodes at batch 1 read one of several copies of their context in turn, so repeated
-        # timing runs do not find it in L2.
-        self.replicas = 1 if device_is_cpu(self.device) else 4
+        # timing runs do not find it in a last-level cache (as in serving, where the other
+        # layers run between two calls of one layer).
+        page = self.layout.bytes_per_token(shape.num_kv_heads, shape.head_dim)
+        self.replicas = {
+            context: 1 if device_is_cpu(self.device) else min(16, max(1, -(-REPLICATED_BYTES // (context * page))))
+            for context in w.decode_contexts
+        }
         specs = {
             "check_decode": ([1, 1, 1], [w.batched_context // 2 + 37, 45, 2 * shape.block_size + 3], 3),
             "check_prefill": (list(w.check_prefill_query_lens), list(w.check_prefill_seq_lens), 0),
-            **{f"decode_1_{i}": ([1], [w.decode_context], 1) for i in range(self.replicas)},
+            **{
+                f"decode_1_{context}_{i}": ([1], [context], 1)
+                for context, count in self.replicas.items()
+                for i in range(count)
+            },
             "decode_b": ([1] * w.batched_decodes, [w.batched_context] * w.batched_decodes, w.batched_decodes),
             "prefill": ([w.prefill_tokens], [w.prefill_tokens], 0),
         }
@@ -213,7 +225,10 @@ class TuneProblems:
         for name in ("check_decode", "check_prefill"):
             self._fill(batches[name])
         self.check_decode, self.check_prefill = batches["check_decode"], batches["check_prefill"]
-        self.decode_1 = [batches[f"decode_1_{i}"] for i in range(self.replicas)]
+        # One list of replicas per batch-1 context.
+        self.decode_1 = {
+            context: [batches[f"decode_1_{context}_{i}"] for i in range(count)] for context, count in self.replicas.items()
+        }
         self.decode_b, self.prefill = batches["decode_b"], batches["prefill"]
 
     def _fill(self, batch: dict) -> None:
@@ -331,7 +346,8 @@ def default_timer(problems: TuneProblems) -> Callable:
 class Trial:
     part: str  # decode_b1 | decode_batched | prefill
     label: str
-    seconds: Optional[float] = None
+    seconds: Optional[float] = None  # decode_b1: the geometric mean over the contexts
+    per_context_us: Optional[dict] = None  # decode_b1: microseconds per batch-1 context
     error_ratio: Optional[float] = None
     problem: str = ""
 
@@ -369,18 +385,25 @@ def run_tuning(
     trials: list[Trial] = []
     policy = replace(base.decode_splits, max_splits=candidates.max_splits)
 
-    def try_candidate(part: str, label: str, configs, check_batch, timed: Callable) -> Trial:
+    def try_candidate(part: str, label: str, configs, check_batch, timed) -> Trial:
+        """``timed``: one callable, or a dict of them (scored by the geometric mean)."""
         trial = Trial(part, label)
         trials.append(trial)
         try:
             trial.error_ratio = problems.check(check_batch, configs)
             if not trial.error_ratio <= 1.0:
                 trial.problem = f"wrong result: error {trial.error_ratio:.3g} x the bound"
+            elif isinstance(timed, dict):
+                seconds = {name: float(timer(run, part, f"{label} {name}")) for name, run in timed.items()}
+                trial.per_context_us = {str(name): round(value * 1e6, 2) for name, value in seconds.items()}
+                trial.seconds = math.exp(sum(math.log(max(value, 1e-12)) for value in seconds.values()) / len(seconds))
             else:
                 trial.seconds = float(timer(timed, part, label))
         except Exception as exc:  # e.g. out of shared memory on a smaller GPU
             trial.problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
         state = f"{trial.seconds * 1e6:.1f} us" if trial.usable else f"rejected ({trial.problem})"
+        if trial.usable and trial.per_context_us:
+            state += " geomean of " + ", ".join(f"{us:.1f} @ {name}" for name, us in trial.per_context_us.items())
         _log(f"[{len(trials)}] {part} {label}: {state}")
         return trial
 
@@ -410,7 +433,11 @@ def run_tuning(
             if clock() >= until:
                 skipped.append(f"{part} {label}")
                 continue
-            trial = try_candidate(part, label, configs, check_batch, timed_decode(configs, timed_batches))
+            if isinstance(timed_batches, dict):
+                timed = {name: timed_decode(configs, group) for name, group in timed_batches.items()}
+            else:
+                timed = timed_decode(configs, timed_batches)
+            trial = try_candidate(part, label, configs, check_batch, timed)
             if trial.usable and (best is None or trial.seconds < best[0]):
                 best = (trial.seconds, option)
         return best

@@ -187,13 +187,14 @@ def assert_matches_reference(batch, output):
 
 
 # (num_q_heads, num_kv_heads, head_dim, block_size, dtype): every GQA ratio, the three head
-# sizes, block sizes 16 and non-powers-of-two (48, 80), both query dtypes.
+# sizes, block sizes 16 and non-powers-of-two (48, 80, and Qwen3.5's hybrid 1552), both query dtypes.
 GEOMETRIES = [
     pytest.param(4, 4, 64, 16, torch.bfloat16, id="gqa1-d64-bs16-bf16"),
     pytest.param(4, 2, 128, 48, torch.float16, id="gqa2-d128-bs48-fp16"),
     pytest.param(8, 2, 64, 80, torch.bfloat16, id="gqa4-d64-bs80-bf16"),
     pytest.param(12, 2, 64, 48, torch.bfloat16, id="gqa6-d64-bs48-bf16"),
     pytest.param(8, 1, 128, 16, torch.float16, id="gqa8-d128-bs16-fp16"),
+    pytest.param(6, 1, 256, 1552, torch.bfloat16, id="gqa6-d256-bs1552-bf16"),  # a Qwen3.5-27B KV head
 ]
 
 
@@ -326,15 +327,20 @@ def test_preallocated_workspace_is_reused_and_checked():
         batch.run(workspace=too_small)
 
 
-@pytest.mark.parametrize("prefetch_next_tile", [False, True], ids=["load_in_loop", "prefetch_next_tile"])
-def test_decode_tile_loop_variants_match_reference(prefetch_next_tile):
-    """Both decode loop forms (the launch table picks one per architecture): splits with one
-    tile, several tiles, a split whose range ends mid-sequence, and an empty split."""
+@pytest.mark.parametrize("rotation", ["none", "hadamard"])
+@pytest.mark.parametrize(
+    "d_slice,num_stages", [(0, 1), (32, 1), (16, 1), (16, 2)], ids=["whole_head", "two_slices", "four_slices", "pipelined"]
+)
+def test_decode_loop_variants_match_reference(d_slice, num_stages, rotation):
+    """Every decode form the launch tables and the tuner may pick (head_dim in 1, 2 or 4
+    slices, the software-pipelined tile loop), unrotated and rotated: splits with one tile,
+    several tiles, a split whose range ends mid-sequence, and splits past the last tile."""
     import dataclasses
 
     table = launch_configs.ARCH_TABLES["interpreter"]
-    decode = {d: dataclasses.replace(c, prefetch_next_tile=prefetch_next_tile) for d, c in table.decode.items()}
+    decode = {d: dataclasses.replace(c, d_slice=d_slice, num_stages=num_stages) for d, c in table.decode.items()}
     configs = dataclasses.replace(table, decode=decode)  # passed to the launch: the table stays as it is
+    assert attention.decode_slice(64, configs.decode_config(64), rotation != "none") == (d_slice or 64)
     batch = Batch(
         num_q_heads=6,
         num_kv_heads=2,
@@ -344,8 +350,20 @@ def test_decode_tile_loop_variants_match_reference(prefetch_next_tile):
         seq_lens=[700, 20, 97, 40],
         num_decodes=3,
         seed=21,
+        rotation=rotation,
     )
     assert_matches_reference(batch, batch.run(configs=configs))
+
+
+def test_decode_slice_stays_within_the_kernels_bounds():
+    config = launch_configs.KernelConfig
+    assert attention.decode_slice(256, config(d_slice=64), False) == 64
+    assert attention.decode_slice(256, config(d_slice=16), False) == 64  # at most four slices
+    assert attention.decode_slice(256, config(d_slice=0), False) == 256
+    assert attention.decode_slice(256, config(d_slice=0), True) == 128  # rotation: +-1 matrix of one slice
+    assert attention.decode_slice(128, config(d_slice=256), False) == 128
+    assert attention.decode_slice(128, config(d_slice=48), False) == 128  # not a divisor: the whole head
+    assert attention.decode_slice(16, config(d_slice=64), True) == 16
 
 
 def test_split_policy_fills_the_gpu_and_can_differ_for_batched_steps():

@@ -26,9 +26,15 @@ TABLE = lc.ARCH_TABLES["interpreter"]
 
 
 def fake_timer(seconds_by_label):
+    """Times by (part, candidate label); batch-1 decode is timed once per context (the label's
+    last word), and a key with that word (``(part, label, context)``) overrides the plain one."""
     calls = []
 
     def timer(run, part, label):
+        if part == "decode_b1":
+            label, context = label.rsplit(" ", 1)
+            calls.append((part, label))
+            return seconds_by_label.get((part, label, int(context)), seconds_by_label.get((part, label)))
         calls.append((part, label))
         return seconds_by_label[(part, label)]
 
@@ -83,6 +89,34 @@ def test_picks_the_fastest_candidate_that_matches_the_reference(monkeypatch):
     assert result["ok"] and not result["skipped"]
 
 
+def test_batch_one_decode_is_scored_over_every_context():
+    """The batch-1 decode part times each candidate at every context of the workload (the
+    interpreter's 40 and 96 tokens stand for 4K/16K/32K on a GPU) and keeps the best geometric
+    mean: a tile that wins one context by a little but loses the other by a lot is not chosen."""
+    contexts = tuner.INTERPRETER_WORKLOAD.decode_contexts
+    assert len(contexts) >= 2
+    candidates = lc.TuningCandidates(
+        decode=(K(block_n=16), K(block_n=32)), programs_per_sm=(1,), batched_programs_per_sm=(1,),
+        prefill=(), max_splits=16,
+    )
+    short, long = contexts[0], contexts[-1]
+    times = {
+        ("decode_b1", "m16n16w4s1 pps1", short): 1.0, ("decode_b1", "m16n16w4s1 pps1", long): 8.0,  # geomean 2.83
+        ("decode_b1", "m16n32w4s1 pps1", short): 1.2, ("decode_b1", "m16n32w4s1 pps1", long): 4.0,  # geomean 2.19
+        ("decode_batched", "m16n32w4s1 pps1/1"): 1.0,
+    }
+    for context in contexts[1:-1]:
+        times[("decode_b1", "m16n16w4s1 pps1", context)] = times[("decode_b1", "m16n32w4s1 pps1", context)] = 1.0
+    timer = fake_timer(times)
+    result = tuner.run_tuning(SHAPE, "cpu", budget_s=600, timer=timer, candidates=candidates, base=TABLE, tune_prefill=False)
+    assert lc.TunedChoice.from_json(result["choice"]).decode == K(block_n=32)
+    trials = {(t["part"], t["label"]): t for t in result["trials"]}
+    timed = trials[("decode_b1", "m16n32w4s1 pps1")]
+    assert set(timed["per_context_us"]) == {str(c) for c in contexts}
+    assert timed["per_context_us"][str(long)] == pytest.approx(4e6)
+    assert timer.calls.count(("decode_b1", "m16n32w4s1 pps1")) == len(contexts)
+
+
 def test_budget_stops_tuning_and_keeps_the_hand_table_for_the_rest():
     # A clock that advances 10 s per reading: the decode half of a 25 s budget ends after the
     # first trial; prefill still gets its half (12.5 s) and ends after its first.
@@ -119,7 +153,7 @@ def test_with_choice_builds_a_new_table_and_changes_the_launch():
     before = {key: table for key, table in lc.ARCH_TABLES.items()}
     choice = lc.TunedChoice(K(block_n=16), K(block_m=32, block_n=16), replace(TABLE.decode_splits, programs_per_sm=1))
     tuned = lc.with_choice(TABLE, 64, choice)
-    assert dict(lc.ARCH_TABLES) == before and lc.ARCH_TABLES["interpreter"].decode_config(64) == K(block_n=32)
+    assert dict(lc.ARCH_TABLES) == before and lc.ARCH_TABLES["interpreter"].decode_config(64) == K(block_n=32, d_slice=32)
     with pytest.raises(TypeError):  # the tables are read-only: a variant is a new table, passed in
         lc.ARCH_TABLES["interpreter"] = tuned
     with pytest.raises(TypeError):

@@ -1,0 +1,32 @@
+#!/bin/sh
+# One device call: the decode line of issue #24 on the H200, raw JSON and logs into $OUT.
+#   1. python -m bench.kernel_bench --fa3 (FA3 bf16, stock TRITON_ATTN bf16, ours; copy and
+#      streaming-read yardsticks) on both geometries, decode cases only;
+#   2. python -m bench.kernel_bench --rotation (ours unrotated vs rotated) on both geometries;
+#   3. python -m bench.tune_decode sweeps of tile x slice x register cap x split count.
+# Usage, from the repo root on the device (carry .device): sh scripts/h200/decode_line.sh [PARTS]
+# PARTS: any of fa3 rotation sweep (default: all three), e.g. `sh scripts/h200/decode_line.sh fa3`.
+set -eu
+OUT_DIR=${OUT:-/tmp/decode-line}
+mkdir -p "$OUT_DIR"
+. scripts/h200/env.sh
+export PYTHONPATH=/tmp/site  # the benches import our kernels from the checkout; vLLM stays stock
+parts=${*:-fa3 rotation sweep}
+cases=1x4096,1x16384,1x32768,8x8192,32x4096
+for part in $parts; do
+    for geometry in qwen35 dense128; do
+        case "$part" in
+            fa3) python3 -m bench.kernel_bench --fa3 --geometry "$geometry" --sections copy,stream,decode \
+                     --time-budget-s 110 --out "$OUT_DIR/kernel_bench_fa3_decode_$geometry.json" \
+                     > "$OUT_DIR/kernel_bench_fa3_decode_$geometry.log" 2>&1 ;;
+            rotation) python3 -m bench.kernel_bench --rotation --geometry "$geometry" --sections copy,decode \
+                     --time-budget-s 60 --out "$OUT_DIR/kernel_bench_rotation_decode_$geometry.json" \
+                     > "$OUT_DIR/kernel_bench_rotation_decode_$geometry.log" 2>&1 ;;
+            sweep) python3 -m bench.tune_decode --geometry "$geometry" --cases "$cases" --block-n 64,128 \
+                     --d-slice 64,128 --max-registers 0,128 --programs-per-sm 2,4,8 --time-budget-s 70 \
+                     --out "$OUT_DIR/decode_sweep_$geometry.json" > "$OUT_DIR/decode_sweep_$geometry.log" 2>&1 ;;
+            *) echo "unknown part $part (fa3 rotation sweep)" >&2; exit 2 ;;
+        esac
+        tail -n 40 "$OUT_DIR"/*"$geometry".log | grep -v "^$" | tail -n 25 || true
+    done
+done
