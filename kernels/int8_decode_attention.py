@@ -62,8 +62,10 @@ def _signed_sums(w0, w1, w2, w3, NUM_SLICES: tl.constexpr):
 
 
 @triton.jit
-def _rotate_exact(x0, x1, x2, x3, signs, NUM_SLICES: tl.constexpr, NORM: tl.constexpr, UPCAST_DOT: tl.constexpr):
+def _rotate_exact(x0, x1, x2, x3, D_SLICE: tl.constexpr, NUM_SLICES: tl.constexpr, NORM: tl.constexpr,
+                  DOT_DTYPE: tl.constexpr, UPCAST_DOT: tl.constexpr):
     """``H x`` of a column set split in slices ``x_j [D_SLICE, G]`` held in the dot dtype (exact)."""
+    signs = dot_operand(_signs(D_SLICE, DOT_DTYPE), DOT_DTYPE, UPCAST_DOT)
     w0 = tl.dot(signs, x0)
     w1 = w0
     w2 = w0
@@ -86,9 +88,12 @@ def _split_dot(signs, x, DOT_DTYPE: tl.constexpr, UPCAST_DOT: tl.constexpr):
 
 
 @triton.jit
-def _rotate_fp32(x0, x1, x2, x3, signs, NUM_SLICES: tl.constexpr, NORM: tl.constexpr,
+def _rotate_fp32(x0, x1, x2, x3, D_SLICE: tl.constexpr, NUM_SLICES: tl.constexpr, NORM: tl.constexpr,
                  DOT_DTYPE: tl.constexpr, UPCAST_DOT: tl.constexpr):
     """``H x`` of fp32 slices ``x_j [D_SLICE, G]``."""
+    # Built here, not kept from the query's rotation: a +-1 tile held live across the KV loop
+    # came out corrupted on sm90 (Triton 3.6) when it had the K slice's shape.
+    signs = dot_operand(_signs(D_SLICE, DOT_DTYPE), DOT_DTYPE, UPCAST_DOT)
     w0 = _split_dot(signs, x0, DOT_DTYPE, UPCAST_DOT)
     w1 = w0
     w2 = w0
@@ -232,8 +237,7 @@ def decode_split_kernel(
         q2 = _query_slice(query_ptr, token, heads, col_valid, stride_q_token, stride_q_head, stride_q_dim, 2, D_SLICE, DOT_DTYPE, UPCAST_DOT)
         q3 = _query_slice(query_ptr, token, heads, col_valid, stride_q_token, stride_q_head, stride_q_dim, 3, D_SLICE, DOT_DTYPE, UPCAST_DOT)
     if ROTATE:
-        signs = dot_operand(_signs(D_SLICE, DOT_DTYPE), DOT_DTYPE, UPCAST_DOT)
-        r0, r1, r2, r3 = _rotate_exact(q0, q1, q2, q3, signs, NUM_SLICES, ROTATION_NORM, UPCAST_DOT)
+        r0, r1, r2, r3 = _rotate_exact(q0, q1, q2, q3, D_SLICE, NUM_SLICES, ROTATION_NORM, DOT_DTYPE, UPCAST_DOT)
         q0 = dot_operand(r0, DOT_DTYPE, UPCAST_DOT)
         q1 = dot_operand(r1, DOT_DTYPE, UPCAST_DOT)
         q2 = dot_operand(r2, DOT_DTYPE, UPCAST_DOT)
@@ -291,7 +295,7 @@ def decode_split_kernel(
         inv_l = 1.0 / l_i
         acc0, acc1, acc2, acc3 = _rotate_fp32(
             acc0 * inv_l[None, :], acc1 * inv_l[None, :], acc2 * inv_l[None, :], acc3 * inv_l[None, :],
-            signs, NUM_SLICES, ROTATION_NORM, DOT_DTYPE, UPCAST_DOT,
+            D_SLICE, NUM_SLICES, ROTATION_NORM, DOT_DTYPE, UPCAST_DOT,
         )
         scale = tl.full([GROUP_PAD], 1.0, tl.float32) if WRITE_OUTPUT else l_i
     else:

@@ -149,20 +149,21 @@ ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = MappingProxyType({
         },
         # Decode: registers set how many programs an SM keeps in flight, and with them the KV
         # bytes requested at a time (reports/h200/ncu_decode_32k.txt: the whole-head kernel
-        # held 216 registers, two programs per SM). Cutting head_dim into 64-wide slices brings
-        # a 64-token tile at D=256 to ~125 registers, four programs per SM; the H200 sweep of
-        # tile x slice x warps x register cap x split count is reports/h200/decode_sweep_h200.json.
-        # The self-tuner picks per model shape among tuning_candidates.
+        # held 216 registers, two programs per SM). 128-wide head_dim slices under a 128-register
+        # cap keep four 4-warp programs on an SM; the winner of the H200 sweep of tile x slice x
+        # register cap x split count at both geometries (reports/h200/decode_sweep_*.json,
+        # "recommended"). The self-tuner picks per model shape among tuning_candidates.
         decode={
             64: KernelConfig(block_n=128, num_warps=4, num_stages=1),
-            128: KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=64),
-            256: KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=64),
+            128: KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=128, max_registers=128),
+            256: KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=128, max_registers=128),
         },
         # block_m >= max_splits: the reduce reads all splits in one pass.
         reduce=KernelConfig(block_m=256, block_n=32, num_warps=4),
         store=KernelConfig(num_warps=2),
-        # Four programs per SM at every batch size; a short context uses only the splits that
-        # hold tiles, and the reduce kernel reads only those (decode_sweep_h200.json).
+        # Four programs per SM at every batch size (the sweep's best for the batch-1 contexts
+        # and 8 x 8K); a short context uses only the splits that hold tiles, and the reduce
+        # kernel reads only those.
         decode_splits=DecodeSplitPolicy(
             programs_per_sm=4, max_splits=256, min_tiles_per_split=1, batched_programs_per_sm=4
         ),
@@ -411,9 +412,9 @@ def _cuda_candidates(head_dim: int) -> TuningCandidates:
     # Decode: the KV tile, the head_dim slice (64 wide or whole), a register cap that lets a
     # fourth 4-warp program fit on an SM, and the cp.async-pipelined loop.
     decode = (
-        KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=64),
+        KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=128, max_registers=128),
         KernelConfig(block_n=128, num_warps=4, num_stages=1, d_slice=64, max_registers=128),
-        KernelConfig(block_n=32, num_warps=4, num_stages=1, d_slice=64),
+        KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=64),
         KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=128),
         KernelConfig(block_n=64, num_warps=4, num_stages=1),
         KernelConfig(block_n=32, num_warps=4, num_stages=3, d_slice=64),
