@@ -162,14 +162,17 @@ def _page_constexprs(block_size: int, num_kv_heads: int, head_dim: int, dtype: t
 
 def decode_slice(head_dim: int, config, rotate: bool) -> int:
     """The head_dim slice the decode kernel works in for ``config`` (its ``d_slice``, 0 = whole),
-    within the kernel's bounds: at most ``MAX_SLICES`` slices, at least 16 wide, and at most
-    128 wide when rotating (the in-kernel +-1 matrix is one slice squared)."""
+    within the kernel's bounds: at most ``MAX_SLICES`` slices, at least 16 wide, and 128 wide
+    when rotating a head of 128 or more."""
     width = min(config.d_slice or head_dim, head_dim)
     if head_dim % width:
         width = head_dim
     width = max(width, head_dim // MAX_SLICES, MIN_DOT_DIM)
     if rotate:
-        width = min(width, max(128, head_dim // MAX_SLICES))
+        # 128 wide (or the whole head when smaller): on sm90 (Triton 3.6) the rotated kernel
+        # with 64-wide slices of a 128/256 head computed garbage or faulted, 128-wide ones are
+        # exact (reports/h200/decode-bandwidth.md); the +-1 tile is one slice squared.
+        width = min(max(width, min(128, head_dim)), max(128, head_dim // MAX_SLICES))
     return width
 
 
