@@ -28,6 +28,16 @@ side, and the SLA verdict: P99s within 1.5x of the baseline's and completion >= 
 ``<name>.png`` (when matplotlib is importable). ``--report-only NAME.json [MORE.json ...]`` rebuilds
 md/png (from several: one report of the sides of all, e.g. one side measured per device call).
 
+Capacity sweep (issue #27; scripts/h200/ab_*_capacity.yaml): ``kv_cache_memory_bytes: N`` pins
+every side's KV memory (``--kv-cache-memory-bytes N`` on each server), ``bench: {max_concurrency:
+[1, 2, ...], client: session, sample_metrics: true, tier_seeds: point}`` sweeps concurrency in one
+persistent ``vllm bench serve`` client while sampling the server's /metrics, and ``capacity:
+{candidate: SIDE, bf16_sides: [...]}`` replaces the tier tables by the capacity report
+(bench/ab_capacity.py, ab_capacity_report.py): KV capacity per side from its log, every point's
+numbers and server state, where the bf16 sides run out of KV cache, the targets, one PNG. A side's
+sweep can be split over calls (``--input-lens``, ``--max-concurrency``) and joined with
+``--merge-tiers``.
+
 Greedy workload (``bench: {workload: greedy, prompts: [...], max_tokens: 64, repeats: 2}``, keys
 of greedy_agreement.GreedyConfig; prompts omitted = its built-in set): every side answers the
 same prompts with temperature 0, and the report gives, per side against the baseline, how many
@@ -64,8 +74,9 @@ which is the server's working directory). The H200 validation, for example::
 
 Modules: ab_config (the run's configuration: sides file + CLI overrides), sides_file (the file's
 schema), ab_side (one side, start to stop), server (a server's lifecycle), server_env (the
-environment check), ab_sla (the tiers' verdicts), ab_report / ab_greedy_report / ab_tables /
-ab_plot (the reports); this module runs the sides and holds the CLI.
+environment check), kv_log (KV facts from a server log), ab_sla (the tiers' verdicts), ab_capacity
+(the capacity sweep's), ab_report / ab_greedy_report / ab_capacity_report / ab_tables / ab_plot
+(the reports); this module runs the sides and holds the CLI.
 
 An env value of null means "must be unset". The first side is the baseline unless --baseline.
 Server command contract: it is called as ``CMD MODEL PORT [ARGS...]``; start_vllm_bench.sh takes
@@ -94,9 +105,11 @@ from bench.ab_side import log, run_side, side_port
 SCHEMA = "govinda.ab/1"
 
 
-def run_ab(config: AbConfig, only: Optional[List[str]] = None, merge_with: Optional[str] = None) -> Dict[str, Any]:
+def run_ab(config: AbConfig, only: Optional[List[str]] = None, merge_with: Optional[str] = None,
+           merge_tiers: bool = False) -> Dict[str, Any]:
     """Run every side (or only the named ones, keeping the other sides' records from an earlier
-    result: one side per invocation fits a time-limited machine session)."""
+    result: one side per invocation fits a time-limited machine session; with ``merge_tiers`` a
+    side's earlier record also keeps the tiers this run does not measure)."""
     report_dir = Path(config.report_dir)
     previous: Dict[str, Any] = {}
     source = Path(merge_with) if merge_with else (report_dir / f"{config.name}.json" if only else None)
@@ -141,6 +154,8 @@ def run_ab(config: AbConfig, only: Optional[List[str]] = None, merge_with: Optio
         (config.resolved_work_dir() / side.name).mkdir(parents=True, exist_ok=True)
         record = run_side(config, side, live if config.parallel else None)
         record["measured"] = {k: this_run[k] for k in ("date", "host", "repo")}
+        if merge_tiers and prior.get(side.name):
+            record = ab_report.merge_side_tiers(prior[side.name], record)
         with lock:
             records[i] = record
             publish(with_png=False)  # partial results survive a crash
@@ -206,6 +221,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    help="run only this side (repeatable); the other sides' records are kept from "
                         "<report-dir>/<name>.json or --merge-with")
     p.add_argument("--merge-with", metavar="JSON", help="earlier result whose other sides' records to keep")
+    p.add_argument("--merge-tiers", action="store_true",
+                   help="a side of the earlier result (--merge-with, or a later --report-only file) keeps the tiers "
+                        "this run does not measure: one side's sweep split over calls (--input-lens)")
+    p.add_argument("--kv-cache-memory-bytes", type=int, metavar="N",
+                   help="pin every side's KV memory (vLLM's --kv-cache-memory-bytes; overrides the sides file)")
     p.add_argument("--report-only", nargs="+", metavar="JSON",
                    help="rebuild md/png from result JSON(s); the sides of later files are added to the first's "
                         "(replacing sides of the same name): parts measured in separate device calls")
@@ -226,6 +246,7 @@ def overrides_from_args(args: argparse.Namespace) -> Overrides:
         workload=args.workload, bench=bench, log_patterns=args.log_pattern or [],
         work_dir=args.work_dir, log_dir=args.log_dir, report_dir=args.report_dir, keep_caches=args.keep_caches,
         env_check_scope=args.env_check_scope, parallel=args.parallel,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
     )
 
 
@@ -243,7 +264,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_arg_parser().parse_args(argv)
     if args.report_only:
         sources = [Path(path) for path in args.report_only]
-        result = ab_report.merge_results([json.loads(path.read_text(encoding="utf-8")) for path in sources])
+        result = ab_report.merge_results([json.loads(path.read_text(encoding="utf-8")) for path in sources],
+                                         merge_tiers=args.merge_tiers)
         if args.baseline:  # e.g. the saved baseline side is missing from the files joined here
             if args.baseline not in {side["name"] for side in result["sides"]}:
                 raise SystemExit(f"--baseline: no side named {args.baseline!r} in these results")
@@ -260,7 +282,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise KeyboardInterrupt  # unwinds through run_side's finally: the server is stopped
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    result = run_ab(config, only=args.only, merge_with=args.merge_with)
+    result = run_ab(config, only=args.only, merge_with=args.merge_with, merge_tiers=args.merge_tiers)
     return _exit_code(result)
 
 

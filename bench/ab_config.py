@@ -21,6 +21,7 @@ WORKLOADS = ("tiers", "greedy")
 # Set by the runner for each side, not by the sides file.
 RUNNER_BENCH_KEYS = {"base_url", "progress", "label", "work_dir"}
 NAME_PATTERN = r"[A-Za-z0-9._-]+"
+KV_MEMORY_FLAG = "--kv-cache-memory-bytes"  # vLLM 0.18.1, 0.26 and 0.33 alike
 
 
 @dataclass
@@ -72,6 +73,10 @@ class AbConfig:
     # All sides at once, side i on port + i and GPU i (CUDA_VISIBLE_DEVICES, unless its env sets it;
     # the env check verifies it like any side variable): one call of a multi-GPU machine.
     parallel: bool = False
+    # Every side's KV memory, pinned (--kv-cache-memory-bytes); None: each server profiles its own.
+    kv_cache_memory_bytes: Optional[int] = None
+    # The capacity sweep's targets (sides_file.CapacitySpec as a dict); None: no capacity report.
+    capacity: Optional[Dict[str, Any]] = None
 
     def baseline_name(self) -> str:
         return self.baseline or self.sides[0].name
@@ -109,6 +114,7 @@ class Overrides:
     keep_caches: bool = False
     env_check_scope: Optional[str] = None
     parallel: bool = False
+    kv_cache_memory_bytes: Optional[int] = None
 
 
 def args_list(raw: Union[None, str, List[Any]]) -> List[str]:
@@ -223,10 +229,14 @@ def build_config(overrides: Overrides) -> AbConfig:
         keep_caches=bool(overrides.keep_caches or data.keep_caches),
         env_check_scope=pick(overrides.env_check_scope, data.env_check_scope, "tree"),
         parallel=bool(overrides.parallel or data.parallel),
+        kv_cache_memory_bytes=pick(overrides.kv_cache_memory_bytes, data.kv_cache_memory_bytes, None),
+        capacity=data.capacity.model_dump() if data.capacity is not None else None,
     )
     server_command = pick(overrides.server_command, data.server_command, None)
     if server_command is not None:
         config.server_command = args_list(server_command)
+    if config.kv_cache_memory_bytes is not None:
+        config.server_args = config.server_args + [KV_MEMORY_FLAG, str(int(config.kv_cache_memory_bytes))]
     _check(config)
     return config
 
@@ -247,6 +257,18 @@ def _check(config: AbConfig) -> None:
         raise ValueError("env_check_scope must be 'tree' or 'leader'")
     if not re.fullmatch(NAME_PATTERN, config.name) or not all(re.fullmatch(NAME_PATTERN, n) for n in names):
         raise ValueError("run and side names may only use letters, digits, '.', '_' and '-'")
+    if config.kv_cache_memory_bytes is not None:
+        if config.kv_cache_memory_bytes <= 0:
+            raise ValueError("kv_cache_memory_bytes must be > 0")
+        if any(KV_MEMORY_FLAG in side.server_args for side in config.sides):
+            raise ValueError(f"kv_cache_memory_bytes is set for every side: no side may also pass {KV_MEMORY_FLAG}")
+    if config.capacity is not None:
+        named = [config.capacity["candidate"], *config.capacity["bf16_sides"]]
+        unknown = sorted(set(named) - names)
+        if unknown or not config.capacity["bf16_sides"]:
+            raise ValueError(f"capacity: needs a candidate and bf16 sides that are sides of the run (unknown: {unknown})")
+        if config.workload() != "tiers":
+            raise ValueError("capacity: applies to the tiers workload only")
 
 
 def expected_env(config: AbConfig, side: Side) -> Dict[str, Optional[str]]:

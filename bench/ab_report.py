@@ -7,12 +7,14 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List
 
-from bench import ab_greedy_report, ab_plot, ab_sla, ab_tables, serve_tiers
+from bench import ab_capacity, ab_capacity_report, ab_greedy_report, ab_plot, ab_sla, ab_tables, serve_tiers
 
 
 def render_markdown(result: Dict[str, Any], png_note: str) -> str:
     if result_workload(result) == "greedy":
         return ab_greedy_report.render_markdown(result)
+    if result["config"].get("capacity"):
+        return ab_capacity_report.render_markdown(result, png_note)
     config = result["config"]
     rows = result["sla"]
     bench = config.get("bench") or {}
@@ -82,6 +84,8 @@ def write_reports(result: Dict[str, Any], report_dir: Path, with_png: bool = Tru
         result["agreement"] = ab_greedy_report.agreement_rows(result)
     else:
         result["sla"] = ab_sla.tier_rows(result)
+        if result["config"].get("capacity"):
+            result["capacity"] = ab_capacity.verdicts(result)
     paths = {"json": report_dir / f"{name}.json", "md": report_dir / f"{name}.md", "png": report_dir / f"{name}.png"}
     # Greedy results hold per-token arrays (ids, logprobs) for every side: written compact, they
     # are half the size, which matters for reports carried to the device with the checkout.
@@ -90,13 +94,15 @@ def write_reports(result: Dict[str, Any], report_dir: Path, with_png: bool = Tru
     if greedy:
         note = ""  # no plot: the tables say it all
     else:
-        note = ab_plot.render_png(result, paths["png"]) if with_png else "Plot not generated yet (run in progress)."
+        draw = ab_capacity_report.render_png if result["config"].get("capacity") else ab_plot.render_png
+        note = draw(result, paths["png"]) if with_png else "Plot not generated yet (run in progress)."
     paths["md"].write_text(render_markdown(result, note), encoding="utf-8")
     return paths
 
 
-def merge_results(results: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """The first result with the sides and runs of the later ones (same name: the later record)."""
+def merge_results(results: List[Dict[str, Any]], merge_tiers: bool = False) -> Dict[str, Any]:
+    """The first result with the sides and runs of the later ones (same name: the later record;
+    with ``merge_tiers``, the later record plus the earlier one's tiers it did not measure)."""
     merged = dict(results[0])
     sides = list(merged["sides"])
     runs = list(merged.get("runs", []))
@@ -104,9 +110,34 @@ def merge_results(results: List[Dict[str, Any]]) -> Dict[str, Any]:
         for record in other["sides"]:
             names = [s["name"] for s in sides]
             if record["name"] in names:
-                sides[names.index(record["name"])] = record
+                earlier = sides[names.index(record["name"])]
+                sides[names.index(record["name"])] = merge_side_tiers(earlier, record) if merge_tiers else record
             else:
                 sides.append(record)
         runs += other.get("runs", [])
     merged.update(sides=sides, runs=runs)
+    return merged
+
+
+def merge_side_tiers(earlier: Dict[str, Any], later: Dict[str, Any]) -> Dict[str, Any]:
+    """One side measured over several calls (a sweep split by input length): the later record,
+    its tiers joined with the earlier record's other tiers (same tier: the later one), and what
+    each earlier call showed in ``earlier_calls``."""
+    old_tiers = (earlier.get("bench") or {}).get("tiers") or []
+    if not old_tiers or "tiers" not in (later.get("bench") or {"tiers": []}):
+        return later
+    merged = dict(later)
+    new_tiers = (later.get("bench") or {}).get("tiers") or []
+    seen = {ab_sla.tier_key(t) for t in new_tiers}
+    tiers = [t for t in old_tiers if ab_sla.tier_key(t) not in seen] + list(new_tiers)
+    tiers.sort(key=lambda t: (t["requested_input_len"], t.get("requested_max_concurrency") or 1))
+    merged["bench"] = dict(later.get("bench") or {"tool": (earlier.get("bench") or {}).get("tool")}, tiers=tiers)
+    call = {k: earlier.get(k) for k in ("status", "error", "problems", "startup_s", "measured", "log_path", "kv_cache")}
+    call["tiers"] = [ab_sla.tier_key(t) for t in old_tiers if ab_sla.tier_key(t) not in seen]
+    merged["earlier_calls"] = list(earlier.get("earlier_calls") or []) + [call]
+    # A problem of an earlier call stays a problem of the side.
+    merged["problems"] = list(later.get("problems") or []) + [
+        f"earlier call: {p}" for p in (earlier.get("problems") or []) if not str(p).startswith("earlier call: ")]
+    if earlier.get("status") != "ok" and later.get("status") == "ok":
+        merged["problems"].append(f"earlier call: status {earlier.get('status')}: {earlier.get('error')}")
     return merged

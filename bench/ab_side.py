@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from bench import greedy_agreement, serve_tiers, server
+from bench import greedy_agreement, kv_log, serve_tiers, server
 from bench.ab_config import REPO_ROOT, AbConfig, LogPattern, Side, expected_env
 
 CACHE_SUBDIRS = {"VLLM_CACHE_ROOT": "vllm", "TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "inductor"}
@@ -130,17 +130,21 @@ def run_side(config: AbConfig, side: Side, live: Optional[Dict[str, subprocess.P
 
     log(f"side {side.name}: starting {shlex.join(command)} (log {log_path})")
     proc = None
+    session = None
     with open(log_path, "wb") as log_file:
         try:
+            # A persistent client imports vLLM while the server starts (``client: session``).
+            session = _early_session(config, side)
             proc = server.start(command, side_process_env(config, side, cache_dirs), log_file, REPO_ROOT)
             record["pid"] = proc.pid
             if live is not None:
                 live[side.name] = proc
             record.update(server.wait_until_ready(proc, config.host, port, expected, cache_dirs,
-                                                  config.env_check_scope, config.health_timeout_s))
+                                                  config.env_check_scope, config.health_timeout_s,
+                                                  abort=session.start_failure if session is not None else None))
             log(f"side {side.name}: ready after {record['startup_s']:.0f} s, environment verified; "
                 f"running the {config.workload()} workload")
-            record["bench"] = run_workload(config, side, port)
+            record["bench"] = run_workload(config, side, port, session)
             record["status"] = "ok"
         except server.Refused as exc:
             record.update(status="refused", error=str(exc), env_check=exc.env_check)
@@ -152,6 +156,8 @@ def run_side(config: AbConfig, side: Side, live: Optional[Dict[str, subprocess.P
             record.update(status="error", error="interrupted", interrupted=True)
             log(f"side {side.name}: interrupted")
         finally:
+            if session is not None:
+                session.close()
             if proc is not None:
                 log(f"side {side.name}: stopping server")
                 record["stop"] = server.stop(proc, config.stop_grace_s)
@@ -160,6 +166,7 @@ def run_side(config: AbConfig, side: Side, live: Optional[Dict[str, subprocess.P
                 if live is not None:
                     live.pop(side.name, None)
     record["log_counts"] = count_log_patterns(log_path, side.log_patterns)
+    record["kv_cache"] = kv_log.read_kv_cache_facts(log_path)
     if "GOVINDA_CACHE_DIR" in cache_dirs:
         record["govinda_counters"] = read_overlay_counters(Path(cache_dirs["GOVINDA_CACHE_DIR"]) / "counters")
     for name, count in record["log_counts"].items():
@@ -173,19 +180,33 @@ def run_side(config: AbConfig, side: Side, live: Optional[Dict[str, subprocess.P
     return record
 
 
-def run_workload(config: AbConfig, side: Side, port: int) -> Dict[str, Any]:
-    base_url = f"http://{config.host}:{port}"
+def _tiers_config(config: AbConfig, side: Side, port: int) -> serve_tiers.BenchConfig:
     settings = {k: v for k, v in config.bench.items() if k != "workload"}
-    if config.workload() == "greedy":
-        return greedy_agreement.run(greedy_agreement.GreedyConfig(base_url=base_url, label=side.name, **settings))
     # The random dataset builds its prompts with the served model's tokenizer; relative paths
     # are the server's, whose working directory is the repo root.
     settings["tokenizer"] = str(REPO_ROOT / settings.get("tokenizer", config.model))
     bench_config = serve_tiers.BenchConfig(
-        base_url=base_url, label=side.name, work_dir=str(config.resolved_work_dir() / side.name / "bench_serve"), **settings
+        base_url=f"http://{config.host}:{port}", label=side.name,
+        work_dir=str(config.resolved_work_dir() / side.name / "bench_serve"), **settings
     )
     if 99.0 not in bench_config.percentiles:
         bench_config.percentiles.append(99.0)  # the SLA is on P99
-    return serve_tiers.run(bench_config)
+    return bench_config
+
+
+def _early_session(config: AbConfig, side: Side):
+    if config.workload() != "tiers" or config.bench.get("client") != "session":
+        return None
+    bench_config = _tiers_config(config, side, side_port(config, side))
+    log_path = Path(bench_config.work_dir) / "session.log"
+    return serve_tiers.new_session(bench_config, log_path).start()
+
+
+def run_workload(config: AbConfig, side: Side, port: int, session=None) -> Dict[str, Any]:
+    if config.workload() == "greedy":
+        settings = {k: v for k, v in config.bench.items() if k != "workload"}
+        base_url = f"http://{config.host}:{port}"
+        return greedy_agreement.run(greedy_agreement.GreedyConfig(base_url=base_url, label=side.name, **settings))
+    return serve_tiers.run(_tiers_config(config, side, port), session)
 
 

@@ -22,6 +22,15 @@ its own seed (not saved), and every tier gets a seed of its own: prompts of two 
 otherwise start with the same tokens. The same seed and tokenizer give the same prompts, so the
 sides of an A/B run see identical inputs.
 
+Client: ``client: process`` (default) runs the tool as a new process per tier; ``client: session``
+runs every tier in one persistent process that imports vLLM's CLI once and calls it per tier
+(bench/bench_serve_session.py: the same parser, client and saved JSON, minus ~25 s of start-up
+per tier on the H200), for sweeps that must fit a time-limited device call.
+
+Server state: with ``sample_metrics: true`` each tier also samples the server's Prometheus
+``/metrics`` while it runs (requests running and waiting, preemptions, KV-cache usage;
+bench/server_metrics.py) into its ``server_metrics``.
+
     python -m bench.serve_tiers --base-url http://127.0.0.1:8000 --tokenizer /path/to/model \
         --result-file out.json
 """
@@ -42,11 +51,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
+from bench import server_metrics
+from bench.bench_serve_session import Session
+
 DEFAULT_INPUT_LENS = (6144, 12288, 24576)
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
 SCHEMA = "govinda.serve_tiers/2"
 OUTPUT_TAIL_LINES = 40
+CLIENTS = ("process", "session")
 
 
 @dataclass
@@ -65,6 +78,9 @@ class BenchConfig:
     warmup_requests: int = 1  # in a separate run of the tool, before the first tier
     warmup_input_len: Optional[int] = None  # default: the first tier's input length
     seed: int = 0  # the warm-up's; tier k (from 0) uses seed + 1 + k
+    # "point": tier (n, c) uses seed + 1 + 1000 n + c, the same whatever else a run measures, so a
+    # sweep split over several calls (--input-lens) sends every side the same prompts per point.
+    tier_seeds: str = "index"
     percentiles: List[float] = field(default_factory=lambda: list(DEFAULT_PERCENTILES))
     vllm_command: Optional[List[str]] = None  # default: this interpreter -m vllm.entrypoints.cli.main
     extra_args: List[str] = field(default_factory=list)  # appended to every `vllm bench serve`
@@ -72,6 +88,10 @@ class BenchConfig:
     work_dir: Optional[str] = None  # saved results and tool output; default: a temporary dir
     label: Optional[str] = None
     progress: bool = True
+    client: str = "process"  # or "session": one persistent client process for every tier
+    session_entry: Optional[str] = None  # the session's CLI entry point (tests: a stand-in)
+    sample_metrics: bool = False  # sample the server's /metrics while each tier runs
+    metrics_interval_s: float = 0.5
 
     def validate(self) -> None:
         if not self.tokenizer:
@@ -82,6 +102,12 @@ class BenchConfig:
             raise ValueError("output_len and num_prompts must be >= 1, warmup_requests >= 0")
         if not self.concurrencies() or any(c < 1 for c in self.concurrencies()):
             raise ValueError("max_concurrency must be >= 1 (or a non-empty list of such)")
+        if self.tier_seeds not in ("index", "point"):
+            raise ValueError(f"tier_seeds must be 'index' or 'point', not {self.tier_seeds!r}")
+        if self.client not in CLIENTS:
+            raise ValueError(f"client must be one of {CLIENTS}, not {self.client!r}")
+        if self.metrics_interval_s <= 0:
+            raise ValueError("metrics_interval_s must be > 0")
 
     def concurrencies(self) -> List[int]:
         values = self.max_concurrency if isinstance(self.max_concurrency, list) else [self.max_concurrency]
@@ -90,6 +116,11 @@ class BenchConfig:
     def tiers(self) -> List[Tuple[int, int]]:
         """(input length, concurrency) pairs in run order."""
         return [(n, c) for n in self.input_lens for c in self.concurrencies()]
+
+    def tier_seed(self, k: int, input_len: int, concurrency: int) -> int:
+        if self.tier_seeds == "point":
+            return self.seed + 1 + 1000 * input_len + concurrency
+        return self.seed + 1 + k
 
 
 def log(message: str) -> None:
@@ -106,8 +137,15 @@ def bench_serve_command(
     concurrency: Optional[int] = None,
 ) -> List[str]:
     command = list(config.vllm_command or [sys.executable, "-m", "vllm.entrypoints.cli.main"])
-    command += [
-        "bench", "serve",
+    return command + ["bench", "serve"] + bench_serve_args(config, input_len, num_prompts, seed, result_file, concurrency)
+
+
+def bench_serve_args(
+    config: BenchConfig, input_len: int, num_prompts: int, seed: int, result_file: Optional[Path],
+    concurrency: Optional[int] = None,
+) -> List[str]:
+    """The arguments after ``vllm bench serve``."""
+    command = [
         "--backend", "openai",
         "--base-url", config.base_url.rstrip("/"),
         "--endpoint", config.endpoint,
@@ -159,36 +197,75 @@ def run_tool(command: List[str], output_path: Path, timeout_s: float) -> Dict[st
     }
 
 
-def run_tier(config: BenchConfig, work: Path, input_len: int, seed: int, concurrency: int = 1) -> Dict[str, Any]:
+def run_bench_serve(config: BenchConfig, session: Optional[Session], input_len: int, num_prompts: int, seed: int,
+                    result_file: Optional[Path], concurrency: int, output_path: Path) -> Dict[str, Any]:
+    """One run of the tool, in its own process or in the session."""
+    if session is not None:
+        args = bench_serve_args(config, input_len, num_prompts, seed, result_file, concurrency)
+        return session.run(args, output_path, config.timeout_s)
+    command = bench_serve_command(config, input_len, num_prompts, seed, result_file, concurrency)
+    return run_tool(command, output_path, config.timeout_s)
+
+
+def run_tier(config: BenchConfig, work: Path, input_len: int, seed: int, concurrency: int = 1,
+             session: Optional[Session] = None) -> Dict[str, Any]:
     stem = f"tier-{input_len}" if len(config.concurrencies()) == 1 else f"tier-{input_len}-c{concurrency}"
     result_file = work / f"{stem}.json"
     result_file.unlink(missing_ok=True)
     num_prompts = config.num_prompts * concurrency
-    command = bench_serve_command(config, input_len, num_prompts, seed, result_file, concurrency)
-    run = run_tool(command, work / f"{stem}.log", config.timeout_s)
+    sampler = server_metrics.Sampler(config.base_url, config.metrics_interval_s).start() if config.sample_metrics else None
+    try:
+        run = run_bench_serve(config, session, input_len, num_prompts, seed, result_file, concurrency,
+                              work / f"{stem}.log")
+    finally:
+        metrics = sampler.stop() if sampler is not None else None
     run["result_file"] = str(result_file)
     annotations = {"requested_input_len": input_len, "requested_output_len": config.output_len,
                    "requested_max_concurrency": concurrency, "seed": seed}
     if run["returncode"] != 0 or not result_file.exists():
         why = "timed out" if run["returncode"] is None else f"exit code {run['returncode']}"
         last = next((line for line in reversed(run["output_tail"]) if line.strip()), "")
-        return dict(annotations, num_prompts=num_prompts, completed=0, completion_rate=0.0,
-                    error=f"vllm bench serve {why}: {last[:300]}", bench_serve=run)
+        failed = dict(annotations, num_prompts=num_prompts, completed=0, completion_rate=0.0,
+                      error=f"vllm bench serve {why}: {last[:300]}", bench_serve=run)
+        if metrics is not None:
+            failed["server_metrics"] = metrics
+        return failed
     tier = json.loads(result_file.read_text(encoding="utf-8"))
     tier.update(annotations)
     tier["completion_rate"] = tier["completed"] / tier["num_prompts"] if tier.get("num_prompts") else 0.0
     tier["bench_serve"] = run
+    if metrics is not None:
+        tier["server_metrics"] = metrics
     return tier
 
 
-def run(config: BenchConfig) -> Dict[str, Any]:
-    """Warm up, then one `vllm bench serve` per tier; returns {"tiers": [...], ...}."""
+def new_session(config: BenchConfig, log_path: Path) -> Session:
+    """The persistent client (not yet started): the same environment as a client process."""
+    return Session(client_env(), log_path, entry=config.session_entry, cwd=str(Path(__file__).resolve().parent.parent))
+
+
+def run(config: BenchConfig, session: Optional[Session] = None) -> Dict[str, Any]:
+    """Warm up, then one `vllm bench serve` per tier; returns {"tiers": [...], ...}.
+
+    ``session``: a client session already started by the caller (``client: session``), which
+    the caller closes; without one, a session client starts and closes its own."""
     config.validate()
     if config.work_dir:
         work = Path(config.work_dir)
         work.mkdir(parents=True, exist_ok=True)
     else:
         work = Path(tempfile.mkdtemp(prefix="serve_tiers-"))
+    own_session = None
+    if config.client == "session" and session is None:
+        session = own_session = new_session(config, work / "session.log").start()
+    try:
+        return _run(config, work, session)
+    finally:
+        if own_session is not None:
+            own_session.close()
+
+
+def _run(config: BenchConfig, work: Path, session: Optional[Session]) -> Dict[str, Any]:
     output: Dict[str, Any] = {
         "schema": SCHEMA,
         "tool": "vllm bench serve",
@@ -203,9 +280,8 @@ def run(config: BenchConfig) -> Dict[str, Any]:
         input_len = config.warmup_input_len or config.input_lens[0]
         if config.progress:
             log(f"warm-up: {config.warmup_requests} x ({input_len} in, {config.output_len} out), not counted")
-        command = bench_serve_command(config, input_len, config.warmup_requests, config.seed, None,
-                                      config.concurrencies()[0])
-        output["warmup"] = run_tool(command, work / "warmup.log", config.timeout_s)
+        output["warmup"] = run_bench_serve(config, session, input_len, config.warmup_requests, config.seed, None,
+                                           config.concurrencies()[0], work / "warmup.log")
         if output["warmup"]["returncode"] != 0 and config.progress:
             log(f"warm-up FAILED (exit {output['warmup']['returncode']}), see {work / 'warmup.log'}")
     tiers = config.tiers()
@@ -213,7 +289,7 @@ def run(config: BenchConfig) -> Dict[str, Any]:
         if config.progress:
             log(f"tier {k + 1}/{len(tiers)}: vllm bench serve, {config.num_prompts * concurrency} x "
                 f"({input_len} in, {config.output_len} out), concurrency {concurrency}")
-        tier = run_tier(config, work, input_len, config.seed + 1 + k, concurrency)
+        tier = run_tier(config, work, input_len, config.tier_seed(k, input_len, concurrency), concurrency, session)
         if config.progress:
             state = tier.get("error") or (f"{tier['completed']}/{tier['num_prompts']} completed, "
                                           f"{tier['output_throughput']:.2f} tok/s, input tokens sent "

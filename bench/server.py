@@ -9,7 +9,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from bench import openai_http, server_env
 
@@ -33,12 +33,17 @@ def start(command: List[str], env: Dict[str, str], log_file, cwd: Path) -> subpr
 
 
 def wait_until_ready(proc: subprocess.Popen, host: str, port: int, expected: Dict[str, Optional[str]],
-                     cache_dirs: Dict[str, str], scope: str, timeout_s: float) -> Dict[str, Any]:
+                     cache_dirs: Dict[str, str], scope: str, timeout_s: float,
+                     abort: Optional[Callable[[], Optional[str]]] = None) -> Dict[str, Any]:
     """Poll /health; check the environment on every poll so a wrong side is refused early.
+    ``abort`` (e.g. "the client failed to start") is asked on every poll too: a reason stops the wait.
     Returns {"startup_s", "env_check"}; raises Refused (with .env_check) or RuntimeError."""
     started = time.monotonic()
     verified: Dict[int, Dict[str, Any]] = {}
     while True:
+        reason = abort() if abort is not None else None
+        if reason:
+            raise RuntimeError(reason)
         check = server_env.check_server_env(proc.pid, expected, cache_dirs, scope, verified)
         if check["processes"] and not check["ok"]:
             raise _refused(check, server_env.describe_failure(check))

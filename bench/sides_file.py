@@ -40,6 +40,18 @@ class LogPatternSpec(BaseModel):
 LogPatterns = Dict[str, Union[str, LogPatternSpec]]
 
 
+class CapacitySpec(BaseModel):
+    """The capacity sweep's targets (bench/ab_capacity.py): the candidate side against the best
+    of the bf16 sides, at and above the first point where a bf16 side is KV-limited, and below."""
+
+    model_config = ConfigDict(extra="forbid")
+    candidate: str
+    bf16_sides: List[str]
+    min_tok_s_ratio: float = 1.6
+    max_ttft_p99_ratio: float = 0.7
+    min_tok_s_ratio_below: float = 0.98
+
+
 class SideSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
@@ -77,6 +89,9 @@ class SidesFile(BaseModel):
     keep_caches: Optional[bool] = None
     env_check_scope: Optional[Literal["tree", "leader"]] = None
     parallel: Optional[bool] = None
+    # The same KV memory for every side: --kv-cache-memory-bytes N on every server.
+    kv_cache_memory_bytes: Optional[int] = None
+    capacity: Optional[CapacitySpec] = None
     sides: List[SideSpec] = []
 
     @field_validator("log_patterns")

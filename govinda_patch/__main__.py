@@ -1,4 +1,4 @@
-"""``python -m govinda_patch <command>``: status | doctor | counters | selftest | tune | amd-aot | env-doc | patch-doc.
+"""``python -m govinda_patch <command>``: status | doctor | counters | selftest | tune | amd-aot | capacity | env-doc | patch-doc.
 
 A bad patch table, or any failure in strict mode, is one ``govinda: error: ...`` line on stderr
 and exit status 2, never a traceback.
@@ -112,6 +112,12 @@ def _amd_aot(args) -> int:
     return main(args.subset, args.jobs, output)
 
 
+def _capacity(args) -> int:
+    from .capacity import main as capacity_main
+
+    return capacity_main(args)
+
+
 def _generated(args, path, render) -> int:
     text = render()
     if args.check:
@@ -147,6 +153,11 @@ def main(argv=None) -> int:
     aot.add_argument("--jobs", type=int, default=1, help="parallel compile processes")
     aot.add_argument("--output", help="report folder (default reports/amd)")
     aot.add_argument("--no-report", action="store_true", help="only the exit status and summary")
+    capacity = commands.add_parser("capacity", help="KV tokens and requests that fit on a card, stock bf16 vs the overlay "
+                                   "(reads the model's config; no GPU, no weights)")
+    from .capacity import add_arguments as capacity_arguments
+
+    capacity_arguments(capacity)
     for name, help_text in (("env-doc", "write reports/env-vars.md"), ("patch-doc", "write docs/patches.md")):
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--check", action="store_true", help="exit 1 if the committed file is stale")
@@ -157,6 +168,7 @@ def main(argv=None) -> int:
         return _generated(args, REPO_ROOT / "docs" / "patches.md", docs.render_patch_doc)
     handler = {
         "status": _status, "doctor": _doctor, "counters": _counters, "selftest": _selftest, "tune": _tune, "amd-aot": _amd_aot,
+        "capacity": _capacity,
     }[args.command]
     try:
         return handler(args)

@@ -23,7 +23,7 @@ TESTS = Path(__file__).resolve().parent
 # transformers or the package metadata of a line: whole modules, then fixtures that imply it.
 VLLM_MODULES = {
     "test_overlay_core.py", "test_hardening.py", "test_hardening_fuzz.py", "test_int8_integration.py",
-    "test_vllm_lines.py", "test_tensor_parallel.py", "test_scope.py",
+    "test_vllm_lines.py", "test_tensor_parallel.py", "test_scope.py", "test_capacity_calculator.py",
 }
 VLLM_FIXTURES = {"dcu_env", "overlay_env"}  # a simulated DCU imports vLLM's ROCm platform
 VLLM_CASES = {
@@ -36,6 +36,7 @@ VLLM_CASES = {
     "test_serve_bench.py::test_serve_tiers_runs_vllm_bench_serve",
     "test_serve_bench.py::test_ab_two_sides_caches_log_counts_sla_and_report",
     "test_serve_bench.py::test_ab_refuses_side_whose_server_env_differs",
+    "test_capacity_sweep.py::test_capacity_sweep_end_to_end_and_split_over_calls",
 }
 # Cases that run our Triton kernels under TRITON_INTERPRET=1 (their result depends on Triton).
 INTERPRETER_DIRS = {TESTS / "kernels"}
@@ -61,6 +62,12 @@ SLOW_CASES = {
     "test_hardening.py::test_unwritable_cache_dir_degrades_to_an_uncached_selftest",
     "test_serve_bench.py::test_serve_tiers_runs_vllm_bench_serve",
     "test_serve_bench.py::test_ab_two_sides_caches_log_counts_sla_and_report",
+    "test_capacity_sweep.py::test_capacity_sweep_end_to_end_and_split_over_calls",
+    # The calculator's cases behind its module fixtures (two fresh vLLM interpreters per model).
+    "test_capacity_calculator.py::test_qwen35_pages_padding_and_capacity",
+    "test_capacity_calculator.py::test_dense_pages_and_capacity_through_the_cli",
+    "test_capacity_calculator.py::test_weights_counted_from_the_config_match_what_vllm_loaded",
+    "test_capacity_calculator.py::test_token_counts_match_the_h200_logs",
 }
 
 

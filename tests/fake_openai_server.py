@@ -29,6 +29,15 @@ EOS after LEN tokens (``finish_reason: stop``).
 true token. The true token is the top candidate, except at every Nth position when
 ``--flip-prompt-every N`` is set (see ``prompt_candidates``).
 
+Scheduler state: ``--capacity N`` runs at most N streamed requests at once (the others wait, as
+in a server whose KV cache holds N), and ``/metrics`` serves vLLM's Prometheus names
+(``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``, the
+counters ``vllm:num_preemptions_total`` and ``vllm:prefix_cache_hits_total``) with vLLM's labels;
+``--preempt-waiting`` counts every request that had to wait as a preemption, and a streamed prompt
+whose start was seen before counts its length as prefix-cache hits. ``--kv-tokens N`` prints vLLM's
+start-up lines for a KV cache of N tokens (and, given ``--kv-cache-memory-bytes``, the line of a
+pinned KV memory).
+
 Unless GOVINDA_DISABLE=1 it imitates the overlay at start-up: prints ``govinda: fake overlay
 active`` (for log counting) and writes ``$GOVINDA_CACHE_DIR/counters/<pid>.json``.
 """
@@ -105,8 +114,28 @@ def load_tokenizer(directory):
     return lambda text: tokenizer.encode(text, add_special_tokens=True)
 
 
+METRIC_LABELS = '{engine="0",model_name="%s"}'
+
+
+def metrics_text(model: str, running: int, waiting: int, capacity: int, preemptions: int, prefix_hits: int) -> str:
+    """vLLM's Prometheus page, reduced to the scheduler's gauges and counters."""
+    labels = METRIC_LABELS % model
+    usage = running / capacity if capacity else 0.0
+    lines = []
+    for name, kind, value in (("vllm:num_requests_running", "gauge", running),
+                              ("vllm:num_requests_waiting", "gauge", waiting),
+                              ("vllm:kv_cache_usage_perc", "gauge", usage),
+                              ("vllm:num_preemptions", "counter", preemptions),
+                              ("vllm:prefix_cache_hits", "counter", prefix_hits)):
+        sample = name + ("_total" if kind == "counter" else "")
+        lines += [f"# HELP {sample} fake", f"# TYPE {sample} {kind}", f"{sample}{labels} {float(value)}"]
+    return "\n".join(lines) + "\n"
+
+
 def build_app(args: argparse.Namespace) -> web.Application:
-    state = {"count": 0, "requests": []}
+    state = {"count": 0, "requests": [], "running": 0, "waiting": 0, "preemptions": 0, "prefix_hits": 0,
+             "heads": set()}
+    slots = asyncio.Semaphore(args.capacity) if args.capacity else None
     count_tokens = load_tokenizer(args.tokenizer)
 
     def remember(record) -> None:
@@ -129,6 +158,11 @@ def build_app(args: argparse.Namespace) -> web.Application:
 
     async def debug_requests(_request: web.Request) -> web.Response:
         return web.json_response(state["requests"])
+
+    async def metrics(_request: web.Request) -> web.Response:
+        text = metrics_text(args.model, state["running"], state["waiting"], args.capacity, state["preemptions"],
+                            state["prefix_hits"])
+        return web.Response(text=text, content_type="text/plain")
 
     async def completions(request: web.Request) -> web.StreamResponse:
         state["count"] += 1
@@ -161,9 +195,31 @@ def build_app(args: argparse.Namespace) -> web.Application:
         if failed:
             return web.json_response({"error": "injected failure"}, status=500)
         tokens = max_tokens // 2 if args.short_every and number % args.short_every == 0 else max_tokens
+        head = str(prompt)[:64]
+        if head in state["heads"]:
+            state["prefix_hits"] += len(prompt_ids)
+        state["heads"].add(head)
 
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        if slots is not None and slots.locked():
+            state["waiting"] += 1
+            if args.preempt_waiting:
+                state["preemptions"] += 1
+            await slots.acquire()
+            state["waiting"] -= 1
+        elif slots is not None:
+            await slots.acquire()
+        state["running"] += 1
+        try:
+            await stream_tokens(response, body, number, prompt_ids, tokens)
+        finally:
+            state["running"] -= 1
+            if slots is not None:
+                slots.release()
+        return response
+
+    async def stream_tokens(response, body, number: int, prompt_ids, tokens: int) -> None:
         created = int(time.time())
 
         async def send(payload) -> None:
@@ -206,7 +262,6 @@ def build_app(args: argparse.Namespace) -> web.Application:
             )
         await send("[DONE]")
         await response.write_eof()
-        return response
 
     diverge_rules = _substring_rules(args.greedy_diverge)
     stop_rules = _substring_rules(args.greedy_stop)
@@ -274,6 +329,7 @@ def build_app(args: argparse.Namespace) -> web.Application:
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/debug/env", debug_env)
     app.router.add_get("/debug/requests", debug_requests)
+    app.router.add_get("/metrics", metrics)
     return app
 
 
@@ -301,6 +357,10 @@ def main(argv=None) -> None:
     p.add_argument("--request-log", default=None, metavar="FILE", help="append every request record as a JSON line")
     p.add_argument("--flip-prompt-every", type=int, default=0, metavar="N",
                    help="prompt_logprobs: another token leads at every Nth position")
+    p.add_argument("--capacity", type=int, default=0, metavar="N", help="at most N streamed requests run at once")
+    p.add_argument("--preempt-waiting", action="store_true", help="count each request that waited as a preemption")
+    p.add_argument("--kv-tokens", type=int, default=0, metavar="N", help="log vLLM's KV-cache size lines for N tokens")
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="as vLLM's (logged, like vLLM's line)")
     args, unknown = p.parse_known_args(argv)
     words = list(args.words)
     if words and words[0] == "serve":
@@ -319,6 +379,14 @@ def main(argv=None) -> None:
             os.makedirs(counters, exist_ok=True)
             with open(os.path.join(counters, f"{os.getpid()}.json"), "w") as f:
                 json.dump({"pid": os.getpid(), "time": time.time(), "counters": {"fake_decode": 1}}, f)
+    if args.kv_cache_memory_bytes:
+        print(f"INFO [gpu_worker.py:469] Initial free memory 130.00 GiB, reserved "
+              f"{args.kv_cache_memory_bytes / 2**30:.2f} GiB memory for KV Cache as specified by kv_cache_memory_bytes "
+              "config and skipped memory profiling.", flush=True)
+    if args.kv_tokens:
+        print(f"INFO [kv_cache_utils.py:2177] GPU KV cache size: {args.kv_tokens:,} tokens", flush=True)
+        print(f"INFO [kv_cache_utils.py:2178] Maximum concurrency for 32,768 tokens per request: "
+              f"{args.kv_tokens / 32768:.2f}x", flush=True)
     time.sleep(args.startup_delay)
     print(f"fake server: pid {os.getpid()} on {args.host}:{args.port}", flush=True)
     web.run_app(build_app(args), host=args.host, port=args.port, print=None, access_log=None)

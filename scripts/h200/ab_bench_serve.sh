@@ -8,7 +8,8 @@
 #   sh scripts/h200/ab_bench_serve.sh SIDE [SIDE ...]   the named sides one after another on one
 #                                                       GPU (~5.5 min each: one side per call)
 #   --sides FILE first: another sides file (e.g. ab_qwen35_64layer_tp2.yaml); arguments after
-#   the side names and a "--" go to bench/ab.py as they are (e.g. --max-concurrency 4)
+#   the side names and a "--" go to bench/ab.py as they are (e.g. --max-concurrency 4; a capacity
+#   sweep split over calls: -- --input-lens 16384 --max-concurrency 16 32, see its sides file)
 # The model is the sides file's model: a .device/... path is looked for at the root, then two
 # levels up (a .dev/NAME copy); /tmp/NAME with a config in scripts/h200/models/NAME/ is assembled
 # first (scripts/h200/assemble_model.sh, with the carried bundle's synthetic tokenizer), e.g.
@@ -44,9 +45,13 @@ case "$model" in
 esac
 [ -n "$model" ] || { echo "$sides names no model" >&2; exit 1; }
 
-# A client that cannot start would cost a ~230 s server start-up first: check it now.
-python3 -m vllm.entrypoints.cli.main bench serve --help > "$OUT_DIR/bench_serve_check.log" 2>&1 \
-    || { tail -20 "$OUT_DIR/bench_serve_check.log"; exit 1; }
+# A client that cannot start would cost a ~230 s server start-up first: check it now. A sides file
+# with `client: session` starts its client beside the server and stops the side when it fails.
+client=$(python3 -c 'import sys; from bench.sides_file import load_sides_file; print((load_sides_file(sys.argv[1]).bench or {}).get("client", "process"))' "$sides")
+if [ "$client" != session ]; then
+    python3 -m vllm.entrypoints.cli.main bench serve --help > "$OUT_DIR/bench_serve_check.log" 2>&1 \
+        || { tail -20 "$OUT_DIR/bench_serve_check.log"; exit 1; }
+fi
 
 only=""
 while [ "$#" -gt 0 ]; do
