@@ -60,7 +60,10 @@ def test_summary_from_recorded_step_outputs(tmp_path):
     (tmp_path / "tune.txt").write_text("d256-q24-kv4-b1552-bf16: tuned (tuned in 41.0 s) decode m16n32w4s1pf pps 4/8\n")
     bench = {
         "sections": {
-            "decode": {"cases": [{"case": "decode_b1_ctx32768", "time_ratios": {"graph": {"ours_over_vllm_bf16": 0.61, "ours_over_vllm_int8pth": None}}}]},
+            "stream": {"status": "ok", "stream_read_GBps": 3200.0},
+            "decode": {"cases": [{"case": "decode_b1_ctx32768", "time_ratios": {"graph": {"ours_over_vllm_bf16": 0.61, "ours_over_vllm_int8pth": None}},
+                                  "contenders": {"ours_bs1552": {"status": "ok", "steps": [
+                                      {"graph": {"eff_bw_read_GBps": 1600.0, "frac_of_stream_read_bw": 0.5}}]}}}]},
             "prefill": {"cases": [{"case": "prefill_one_shot_6144", "time_ratios": {"eager": {"ours_over_vllm_bf16": 0.9}}},
                                   {"case": "prefill_one_shot_24576", "status": "skipped"}]},
         }
@@ -70,7 +73,8 @@ def test_summary_from_recorded_step_outputs(tmp_path):
     assert done.returncode == 0, done.stderr
     summary = (tmp_path / "summary.md").read_text()
     assert "| ab | failed | 1 | 900 | side govinda: no /health |" in summary
-    assert "| decode_b1_ctx32768 | graph | 0.61x | n/a |" in summary
-    assert "| prefill_one_shot_6144 | eager | 0.90x | n/a |" in summary
-    assert "| prefill_one_shot_24576 | - | skipped | |" in summary
+    assert "| decode_b1_ctx32768 | graph | 0.61x | n/a | 1.60 TB/s (50 % of streaming read) |" in summary
+    assert "Streaming-read bandwidth of this device (bench/stream_read.py): 3200 GB/s." in summary
+    assert "| prefill_one_shot_6144 | eager | 0.90x | n/a |  |" in summary
+    assert "| prefill_one_shot_24576 | - | skipped | | |" in summary
     assert "tuned in 41.0 s" in summary and "Serving A/B" not in summary  # no A/B report recorded

@@ -30,8 +30,21 @@ def _ratio(value) -> str:
     return f"{value:.2f}x" if isinstance(value, (int, float)) else "n/a"
 
 
+def _ours_bandwidth(case: dict, mode: str) -> str:
+    """Our decode's effective read bandwidth and its share of the streaming read, one cell."""
+    for name, record in (case.get("contenders") or {}).items():
+        if not name.startswith("ours_bs") or record.get("status") != "ok" or not record.get("steps"):
+            continue
+        entry = record["steps"][0].get(mode) or {}
+        bandwidth, fraction = entry.get("eff_bw_read_GBps"), entry.get("frac_of_stream_read_bw")
+        if isinstance(bandwidth, (int, float)):
+            share = f" ({100 * fraction:.0f} % of streaming read)" if isinstance(fraction, (int, float)) else ""
+            return f"{bandwidth / 1000:.2f} TB/s{share}"
+    return "n/a"
+
+
 def kernel_bench_rows(payload: dict) -> list[str]:
-    """Our time over vLLM's per case (below 1: ours is faster)."""
+    """Our time over vLLM's per case (below 1: ours is faster); decode: our read bandwidth too."""
     rows = []
     for section in ("decode", "prefill"):
         for case in payload.get("sections", {}).get(section, {}).get("cases", []):
@@ -39,13 +52,22 @@ def kernel_bench_rows(payload: dict) -> list[str]:
             mode = "graph" if "graph" in ratios else "eager"
             entry = ratios.get(mode, {})
             if not entry:
-                rows.append(f"| {case.get('case')} | - | {case.get('status', 'no ratios')} | |")
+                rows.append(f"| {case.get('case')} | - | {case.get('status', 'no ratios')} | | |")
                 continue
+            bandwidth = _ours_bandwidth(case, mode) if section == "decode" else ""
             rows.append(
                 f"| {case.get('case')} | {mode} | {_ratio(entry.get('ours_over_vllm_bf16'))} | "
-                f"{_ratio(entry.get('ours_over_vllm_int8pth'))} |"
+                f"{_ratio(entry.get('ours_over_vllm_int8pth'))} | {bandwidth} |"
             )
     return rows
+
+
+def stream_line(payload: dict) -> str:
+    stream = payload.get("sections", {}).get("stream", {})
+    value = stream.get("stream_read_GBps")
+    if isinstance(value, (int, float)):
+        return f"Streaming-read bandwidth of this device (bench/stream_read.py): {value:.0f} GB/s."
+    return f"Streaming-read bandwidth: not measured ({stream.get('status', 'no stream section')})."
 
 
 def render(folder: Path) -> str:
@@ -68,15 +90,18 @@ def render(folder: Path) -> str:
     bench = folder / "kernel_bench.json"
     if bench.exists():
         try:
-            rows = kernel_bench_rows(json.loads(bench.read_text()))
+            payload = json.loads(bench.read_text())
+            rows, stream = kernel_bench_rows(payload), stream_line(payload)
         except ValueError as exc:
-            rows = [f"| unreadable kernel_bench.json: {exc} | | | |"]
+            rows, stream = [f"| unreadable kernel_bench.json: {exc} | | | | |"], ""
         lines += [
             "",
             "## Kernel bench (our time / vLLM's; < 1 is faster)",
             "",
-            "| case | timing | vs TRITON_ATTN bf16 | vs upstream INT8 |",
-            "|---|---|---|---|",
+            stream,
+            "",
+            "| case | timing | vs TRITON_ATTN bf16 | vs upstream INT8 | our decode read bandwidth |",
+            "|---|---|---|---|---|",
             *rows,
         ]
     ab = folder / f"{AB_NAME}.md"
