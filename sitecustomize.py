@@ -8,7 +8,7 @@ It must stay tiny and must never break an interpreter:
   ``patches.yaml`` and registers wrapt post-import hooks for each patch's target modules.
 Errors are reported on stderr and the overlay stays off; ``GOVINDA_STRICT=1`` re-raises them.
 The switches are parsed by ``govinda_patch.settings`` alone (stdlib only), which is imported here
-only when ``GOVINDA_DISABLE`` or ``GOVINDA_STRICT`` is set at all.
+only when ``GOVINDA_DISABLE`` or ``GOVINDA_STRICT`` holds something other than a plain on/off word.
 
 Two copies of the repo on the path (a symlink, a second checkout) must not chain into each other:
 every sitecustomize of ours is skipped when looking for the shadowed one, and a guard in
@@ -26,11 +26,20 @@ _GUARD = "_govinda_sitecustomize_guard"
 _OURS = b"class _VllmImportTrigger"
 
 
+# govinda_patch.settings.TRUE_WORDS / FALSE_WORDS (tests check they agree): a plain value of the
+# kill switch is read here without importing anything, so GOVINDA_DISABLE=1 is the cheapest start.
+_TRUE_WORDS = ("1", "true", "yes", "on")
+_FALSE_WORDS = ("0", "false", "no", "off")
+
+
 def _setting(variable, attribute, if_unreadable):
-    """The overlay's parse of a global switch; unset costs no import."""
-    if not os.environ.get(variable, "").strip():
+    """The overlay's parse of a global switch; unset or a plain on/off word costs no import."""
+    raw = os.environ.get(variable, "").strip().lower()
+    if not raw or raw in _FALSE_WORDS:
         return False
-    try:
+    if raw in _TRUE_WORDS:
+        return True
+    try:  # a malformed value: the overlay's parse decides, and its warning says what applies
         from govinda_patch import settings
 
         return getattr(settings.current(), attribute)
@@ -48,7 +57,8 @@ def _disabled():
 
 
 def _report(what, exc):
-    sys.stderr.write("govinda: ERROR %s: %s: %s (overlay off in this process)\n" % (what, type(exc).__name__, exc))
+    # repr escapes control characters (a foreign sitecustomize's message is not ours to trust)
+    sys.stderr.write("govinda: ERROR %s: %s: %s (overlay off in this process)\n" % (what, type(exc).__name__, repr(str(exc))[1:-1][:2000]))
 
 
 def _is_ours(origin):

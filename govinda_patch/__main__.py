@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from . import docs
 from .config import PatchConfigError
-from .excerpt import clip
+from .excerpt import clip, quote
 from .manager import GovindaStrictError
 from .settings import REPO_ROOT
 
@@ -25,7 +25,7 @@ def _status(args) -> int:
     if overlay.settings.disabled:
         print("GOVINDA_DISABLE=1: overlay off, every process runs stock vLLM")
         return 0
-    print(f"patch table: {overlay.settings.patches_file}")
+    print(f"patch table: {quote(overlay.settings.patches_file, 400)}")
     print(" ".join(f"{k}={v or 'missing'}" for k, v in overlay.versions.items()) + f" platform={overlay.platform or 'unknown'}")
     for warning in overlay.warnings:
         print(f"warning: {warning}")
@@ -51,7 +51,14 @@ def _doctor(args) -> int:
     problems = len(overlay.errors)
     from vllm.platforms import current_platform  # doctor may import vLLM
 
-    print(f"vLLM platform: {current_platform.__class__.__name__}; planned platform: {overlay.platform}")
+    from .vllm_platform import describe
+
+    print(f"vLLM platform: {describe(type(current_platform))}; planned platform: {overlay.platform}")
+    for group in overlay.table.groups:
+        mismatch = overlay.platform_problem(group.name)
+        if mismatch:
+            problems += 1
+            print(f"  ERROR    group {group.name} would stay stock: {clip(mismatch, 1000)}")
     for entry in overlay.entries.values():
         for target in entry.active_targets:
             try:
@@ -73,15 +80,22 @@ def _doctor(args) -> int:
     return 1 if problems else 0
 
 
+MAX_IGNORED_SHOWN = 20
+
+
 def _counters(args) -> int:
     from .int8.counters import read_all
 
-    snapshots = read_all()
+    snapshots, ignored = read_all()
+    for line in ignored[:MAX_IGNORED_SHOWN]:
+        print(f"warning: {clip(line, 1000)}")
+    if len(ignored) > MAX_IGNORED_SHOWN:
+        print(f"warning: {len(ignored) - MAX_IGNORED_SHOWN} more files ignored")
     if not snapshots:
         print("no dispatch counters recorded (no process ran Govinda kernels with this GOVINDA_CACHE_DIR)")
         return 1
     for snap in snapshots:
-        print(f"pid {snap.get('pid', '?')}: " + " ".join(f"{k}={v}" for k, v in sorted(snap["counters"].items())))
+        print(f"pid {snap['pid']}: " + " ".join(f"{quote(k, 80)}={v}" for k, v in sorted(snap["counters"].items())[:64]))
     return 0
 
 

@@ -19,14 +19,15 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from . import yaml_loader
-from .excerpt import clip, excerpt
+from .excerpt import clip, excerpt, quote
 from .guards import GUARDS
 from .settings import GLOBAL_SWITCHES, PLATFORMS
 
 IMPLEMENTATION_PACKAGE = "govinda_patch.patches"
 NAME_PATTERN = r"[a-z][a-z0-9_]*"
 ENV_PATTERN = r"GOVINDA_[A-Z0-9_]+"
-MODULE_PATTERN = r"vllm(\.[A-Za-z_][A-Za-z0-9_]*)*"
+# vLLM's own modules, or those of a vLLM platform plugin package (vllm_hcu).
+MODULE_PATTERN = r"vllm(_[a-z][a-z0-9]*)?(\.[A-Za-z_][A-Za-z0-9_]*)*"
 ATTRIBUTE_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
 IMPLEMENTATION_PATTERN = re.escape(IMPLEMENTATION_PACKAGE) + r"\.[a-z_][a-z0-9_]*"
 
@@ -48,6 +49,9 @@ class TargetSpec:
     # Versions in which this target is the one to patch (a patch may need different targets in
     # different vLLM releases); None means all of the patch's verified versions.
     vllm_versions: Optional[tuple] = None
+    # A target in a package that may not be installed (a vendor's platform plugin): when its
+    # module is missing the target is left out, and a patch left without targets is skipped.
+    optional: bool = False
 
     @property
     def label(self) -> str:
@@ -185,10 +189,11 @@ def _label(where, index, item) -> str:
 
 
 TARGET_RULES = {
-    "module": _matching(MODULE_PATTERN, "a vllm module path"),
+    "module": _matching(MODULE_PATTERN, "a module path of vllm or of a vllm_* platform plugin"),
     "attribute": _matching(ATTRIBUTE_PATTERN, "a dotted attribute name"),
     "platform": _platform,
     "vllm_versions": _specifiers,
+    "optional": _boolean,
 }
 DOCS_RULES = {"why": _text, "how": _text, "upstream": _text, "remove_when": _text}
 PATCH_RULES = {
@@ -200,7 +205,7 @@ PATCH_RULES = {
     "env": _matching(ENV_PATTERN, ENV_PATTERN),
     "vllm_versions": _specifiers,
     "platforms": _platforms,
-    "targets": _list_of(lambda w, v: _record(w, v, TargetSpec, TARGET_RULES, optional=("platform", "vllm_versions"))),
+    "targets": _list_of(lambda w, v: _record(w, v, TargetSpec, TARGET_RULES, optional=("platform", "vllm_versions", "optional"))),
     "docs": lambda w, v: _record(w, v, PatchDocs, DOCS_RULES),
 }
 GROUP_RULES = {
@@ -272,19 +277,20 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 
 def load_table(path: Path) -> PatchTable:
     """Read and validate a table; a file that is not a small regular UTF-8 file is refused unread."""
+    shown = quote(path, 300)
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer (inside vLLM's import).
         with os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as handle:
             regular = stat.S_ISREG(os.fstat(handle.fileno()).st_mode)
             data = handle.read(yaml_loader.MAX_DOCUMENT_BYTES + 1) if regular else b""
     except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
-        raise PatchConfigError(f"{clip(path, 300)}: cannot read patch table: {getattr(exc, 'strerror', None) or clip(exc)}") from None
+        raise PatchConfigError(f"{shown}: cannot read patch table: {getattr(exc, 'strerror', None) or clip(exc)}") from None
     if not regular:
-        raise PatchConfigError(f"{clip(path, 300)}: cannot read patch table: not a regular file")
+        raise PatchConfigError(f"{shown}: cannot read patch table: not a regular file")
     if len(data) > yaml_loader.MAX_DOCUMENT_BYTES:
-        raise PatchConfigError(f"{clip(path, 300)}: cannot read patch table: larger than {yaml_loader.MAX_DOCUMENT_BYTES // 1024} KiB")
+        raise PatchConfigError(f"{shown}: cannot read patch table: larger than {yaml_loader.MAX_DOCUMENT_BYTES // 1024} KiB")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise PatchConfigError(f"{clip(path, 300)}: cannot read patch table: not UTF-8 (byte {exc.start})") from None
-    return parse_table(text, clip(path, 300))
+        raise PatchConfigError(f"{shown}: cannot read patch table: not UTF-8 (byte {exc.start})") from None
+    return parse_table(text, shown)

@@ -74,6 +74,7 @@ def render_patch_doc() -> str:
             for target in patch.targets:
                 extra = [f"platform {target.platform}"] if target.platform else []
                 extra += [f"vLLM {', '.join(target.vllm_versions)}"] if target.vllm_versions else []
+                extra += ["optional: left out when its package is not installed"] if target.optional else []
                 out.append(f"  - `{target.label}`" + (f" ({'; '.join(extra)})" if extra else ""))
             out += [
                 f"- **why**: {_cell(patch.docs.why)}",

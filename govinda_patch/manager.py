@@ -7,9 +7,10 @@ Groups are all-or-nothing: a member that is switched off or skipped disables the
 that fails reverts every member already applied; a member that can never apply (its target module
 or implementation is not installed) disables its group at plan time, before any effect reaches vLLM.
 Wrappers consult ``group_active()`` on every call: it is False until every member whose module is
-imported has landed, it runs the group's declared guard once (``guard:`` in patches.yaml, e.g. a
-kernel self-test; a failed guard reverts the whole group), and it never raises outside strict mode
-(it runs inside vLLM's backend selection).
+imported has landed, it turns the group off (one WARNING) when the platform vLLM resolved is not one
+its platform-specific targets patch, it runs the group's declared guard once (``guard:`` in
+patches.yaml, e.g. a kernel self-test; a failed guard reverts the whole group), and it never raises
+outside strict mode (it runs inside vLLM's backend selection).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from dataclasses import dataclass, field
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from . import vllm_platform
 from .config import GroupSpec, PatchSpec, PatchTable, TargetSpec, load_table
-from .excerpt import clip, excerpt
+from .excerpt import PATH_CHARS, clip, excerpt, quote
 from .guards import run_guard
 from .module_lookup import module_findable
 from .patching import PatchRecord, resolve_owner
@@ -71,7 +73,8 @@ def skipped_copy_warnings() -> list[str]:
     copies = list(getattr(guard, "skipped_copies", None) or ())
     if not copies:
         return []
-    return [f"other copies of the overlay on the path are skipped: {clip(', '.join(map(str, copies)), 600)}; the one in use is {REPO_ROOT}"]
+    shown = ", ".join(quote(copy, PATH_CHARS) for copy in copies[:3]) + (f" and {len(copies) - 3} more" if len(copies) > 3 else "")
+    return [f"other copies of the overlay on the path are skipped: {shown}; the one in use is {quote(REPO_ROOT, PATH_CHARS)}"]
 
 
 def version_matches(version: str | None, specifiers: list[str]) -> bool:
@@ -128,6 +131,7 @@ class Overlay:
         self.failed_groups: dict[str, str] = {}
         self.verified_groups: set[str] = set()
         self.landed_groups: set[str] = set()
+        self.platform_checked: set[str] = set()
         self.status_logged = False
         self.warnings: list[str] = list(settings.warnings)
         # One line per group that can never apply here, logged at ERROR (strict: raised).
@@ -152,7 +156,13 @@ class Overlay:
         explicit = None
         if self.settings.explicit_set is not None:
             unknown = [n for n in self.settings.explicit_set if n not in valid_names]
-            if unknown:
+            if len(unknown) == len(self.settings.explicit_set):
+                named = f" (unknown: {excerpt(unknown)})" if unknown else ""
+                self.warnings.append(
+                    f"GOVINDA_PATCHES={excerpt(environ.get('GOVINDA_PATCHES', ''), 80)} selects no patch or group{named}, "
+                    f"so every patch is off; valid: {valid_names}; unset it for each patch's default"
+                )
+            elif unknown:
                 self.warnings.append(f"GOVINDA_PATCHES names unknown patches/groups {excerpt(unknown)}; valid: {valid_names}")
             explicit = set(self.settings.explicit_set)
         unknown_switches = unknown_switch_warning(environ, self.table)
@@ -196,9 +206,14 @@ class Overlay:
             if self.platform is not None and self.platform not in spec.platforms:
                 entry.state, entry.reason = SKIPPED_PLATFORM, f"platform {self.platform} not in {spec.platforms}"
                 continue
-            entry.active_targets = [t for t in spec.targets if self._target_applies(t, vllm_version)]
+            targets = [t for t in spec.targets if self._target_applies(t, vllm_version)]
+            absent = [t for t in targets if t.optional and not module_findable(t.module)]
+            entry.active_targets = [t for t in targets if t not in absent]
             if not entry.active_targets:
-                entry.state, entry.reason = SKIPPED_VERSION, f"no target declared for vLLM {vllm_version}"
+                if absent:  # e.g. a vendor platform plugin that is not installed: nothing to patch here
+                    entry.state, entry.reason = SKIPPED_PLATFORM, f"{absent[0].module} is not installed"
+                else:
+                    entry.state, entry.reason = SKIPPED_VERSION, f"no target declared for vLLM {vllm_version}"
         self._fail_unresolvable(vllm_version)
         self._enforce_groups()
 
@@ -274,7 +289,7 @@ class Overlay:
         logger.debug("applied %s to %s", entry.spec.name, target.label)
         self.log_status_once()
 
-    def fail_group(self, group: str, reason: str, failed: PatchEntry | None = None) -> None:
+    def fail_group(self, group: str, reason: str, failed: PatchEntry | None = None, level: int = logging.ERROR) -> None:
         if group in self.failed_groups:
             return
         self.failed_groups[group] = reason
@@ -292,7 +307,7 @@ class Overlay:
         message = f"group {group} reverted to stock vLLM: {reason}"
         if self.settings.strict:
             raise GovindaStrictError(message)
-        logger.error(message)
+        logger.log(level, message)
         self.log_status_once()  # no-op when the status line is already out: one per process
 
     def group_active(self, group_name: str) -> bool:
@@ -313,6 +328,13 @@ class Overlay:
         if group_name not in self.landed_groups:
             if not self._members_landed(group_name):
                 return False
+        if group_name not in self.platform_checked:
+            problem = self.platform_problem(group_name)
+            if problem:
+                self.fail_group(group_name, problem, level=logging.WARNING)
+                return False
+            if problem == "":
+                self.platform_checked.add(group_name)
         if group_name in self.verified_groups:
             return True
         group: GroupSpec = self.table.group(group_name)
@@ -329,6 +351,32 @@ class Overlay:
                 logger.info(verdict.message)
         self.verified_groups.add(group_name)
         return True
+
+    def platform_problem(self, group_name: str) -> str | None:
+        """Why the group cannot take effect on the platform vLLM resolved: its platform-specific
+        targets (the backend priorities) were planned from torch's build, and vLLM may run another
+        platform (GOVINDA_PLATFORM set wrongly, or a platform plugin replacing vLLM's own).
+        "" when they match or the group has none; None while vLLM has not resolved its platform."""
+        modules = sorted({
+            target.module
+            for entry in self.entries.values()
+            if entry.spec.group == group_name and entry.state in (PENDING, APPLIED)
+            for target in entry.active_targets
+            if target.platform is not None
+        })
+        if not modules:
+            return ""
+        platform_cls = vllm_platform.resolved_class()
+        if platform_cls is None:
+            return None
+        if platform_cls.__module__ in modules:
+            return ""
+        override = self.settings.platform_override
+        planned = f"GOVINDA_PLATFORM={override}" if override else f"platform {self.platform or 'unknown'}, from torch's build"
+        return (
+            f"vLLM runs {vllm_platform.describe(platform_cls)}, a platform this plan does not patch "
+            f"({planned}; its platform targets: {', '.join(modules)})"
+        )
 
     def _members_landed(self, group_name: str) -> bool:
         """False while a member's module is imported but its patch has not landed yet (it is still

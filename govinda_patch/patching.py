@@ -12,13 +12,21 @@ _MISSING = object()
 
 
 def resolve_owner(module, dotted_attribute: str) -> tuple[Any, str]:
-    """``("Cls.method")`` -> (Cls, "method"); raises AttributeError naming the missing part."""
+    """``("Cls.method")`` -> (Cls, "method"); raises AttributeError naming the missing part.
+
+    A missing owner is named as such: Python's own message for a module still being imported
+    ("partially initialized module ... most likely due to a circular import") would hide it."""
     owner = module
     parts = dotted_attribute.split(".")
-    for part in parts[:-1]:
-        owner = getattr(owner, part)
+    module_name = getattr(module, "__name__", module)
+    for depth, part in enumerate(parts[:-1]):
+        try:
+            owner = getattr(owner, part)
+        except AttributeError:
+            where = ".".join([str(module_name)] + parts[:depth])
+            raise AttributeError(f"{where} has no attribute {part!r}, the owner of {parts[-1]!r} in {dotted_attribute!r}") from None
     if not _has_own_or_inherited(owner, parts[-1]):
-        raise AttributeError(f"{getattr(module, '__name__', module)} has no attribute {dotted_attribute!r}")
+        raise AttributeError(f"{module_name} has no attribute {dotted_attribute!r}")
     return owner, parts[-1]
 
 

@@ -25,6 +25,9 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SELFTEST_MODES = ("auto", "skip")
 TUNE_MODES = ("auto", "off", "force")
 DEFAULT_TUNE_BUDGET_S = 60.0
+# Above this a budget is a mistake: the tuning child's timeout (budget + margin) overflows the
+# millisecond poll timeout of subprocess at about 2.1e6 s, so every start's tuning would fail.
+MAX_TUNE_BUDGET_S = 3600.0
 PLATFORMS = ("rocm", "cuda")  # also the values patches.yaml accepts (config.py)
 PREFIX = "GOVINDA_"
 # Must equal kernels/kv_rotation.py ROTATIONS (tests check it); read here without importing torch.
@@ -55,7 +58,7 @@ GLOBAL_SWITCHES = (
         "(unset: each patch's default)",
         "Apply exactly this set; everything else is disabled. Groups stay all-or-nothing.",
     ),
-    GlobalSwitch("GOVINDA_PATCHES_FILE", "path to a YAML file", "<repo>/patches.yaml", "Use another patch table."),
+    GlobalSwitch("GOVINDA_PATCHES_FILE", "path to a YAML file (`~` expanded)", "<repo>/patches.yaml", "Use another patch table."),
     GlobalSwitch("GOVINDA_STRICT", "0 | 1", "0", "Any skip, failure or bad switch value raises instead of logging (tests, CI)."),
     GlobalSwitch("GOVINDA_FORCE", "0 | 1", "0", "Apply patches even outside their verified vLLM versions."),
     GlobalSwitch("GOVINDA_LOG_LEVEL", " | ".join(LOG_LEVELS), "INFO", "Verbosity of the overlay's own log lines (stderr, 'govinda LEVEL [pid N] ...')."),
@@ -83,12 +86,12 @@ GLOBAL_SWITCHES = (
     ),
     GlobalSwitch(
         "GOVINDA_TUNE_BUDGET_S",
-        "seconds (> 0)",
+        f"seconds (> 0, at most {MAX_TUNE_BUDGET_S:g})",
         f"{DEFAULT_TUNE_BUDGET_S:g}",
         "Time the self-tuner may spend per model shape on the first start (compiles included); "
         "candidates not reached keep the hand table's entry.",
     ),
-    GlobalSwitch("GOVINDA_CACHE_DIR", "path", "~/.cache/govinda", "Where self-test verdicts, tuned launch configs and dispatch counters are kept."),
+    GlobalSwitch("GOVINDA_CACHE_DIR", "path (`~` expanded)", "~/.cache/govinda", "Where self-test verdicts, tuned launch configs and dispatch counters are kept."),
     GlobalSwitch(
         "GOVINDA_PLATFORM",
         " | ".join(PLATFORMS),
@@ -134,7 +137,7 @@ def _read_choice(environ, name: str, choices: tuple[str, ...], default: str, war
     return default
 
 
-def _read_seconds(environ, name: str, default: float, warnings: list[str]) -> float:
+def _read_seconds(environ, name: str, default: float, warnings: list[str], maximum: float) -> float:
     raw = environ.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -142,10 +145,28 @@ def _read_seconds(environ, name: str, default: float, warnings: list[str]) -> fl
         value = float(raw)
     except ValueError:
         value = -1.0
-    if value > 0 and value == value and value != float("inf"):
+    if value > maximum:  # inf included
+        warnings.append(f"{name}={excerpt(raw, 80)} is more than the {maximum:g} s allowed; using {maximum:g}")
+        return maximum
+    if value > 0:  # NaN compares false
         return value
     warnings.append(f"{name}={excerpt(raw, 80)} is not a positive number of seconds; using {default:g}")
     return default
+
+
+def _read_explicit_set(environ) -> tuple[str, ...] | None:
+    """The names of GOVINDA_PATCHES; () for a value that names none (the planner warns)."""
+    raw = environ.get("GOVINDA_PATCHES")
+    if raw is None or not raw.strip():
+        return None
+    return tuple(name.strip() for name in raw.split(",") if name.strip())
+
+
+def _path_from(raw: str) -> Path:
+    try:
+        return Path(raw).expanduser()
+    except RuntimeError:  # "~" without a home directory
+        return Path(raw)
 
 
 def kv_rotation(environ=None) -> str:
@@ -202,21 +223,18 @@ class Settings:
     def from_env(cls, environ=None) -> "Settings":
         environ = os.environ if environ is None else environ
         warnings: list[str] = []
-        explicit_raw = environ.get("GOVINDA_PATCHES")
-        explicit = None
-        if explicit_raw is not None and explicit_raw.strip():
-            explicit = tuple(name.strip() for name in explicit_raw.split(",") if name.strip())
+        explicit = _read_explicit_set(environ)
         platform = _read_choice(environ, "GOVINDA_PLATFORM", PLATFORMS, "", warnings) or None
         return cls(
             disabled=_read_flag(environ, "GOVINDA_DISABLE", warnings, "the overlay stays on"),
             explicit_set=explicit,
-            patches_file=Path(environ.get("GOVINDA_PATCHES_FILE") or DEFAULT_PATCHES_FILE),
+            patches_file=_path_from(environ["GOVINDA_PATCHES_FILE"]) if environ.get("GOVINDA_PATCHES_FILE") else DEFAULT_PATCHES_FILE,
             strict=_read_flag(environ, "GOVINDA_STRICT", warnings, "not strict"),
             force=_read_flag(environ, "GOVINDA_FORCE", warnings, "verified vLLM versions only"),
             log_level=_read_choice(environ, "GOVINDA_LOG_LEVEL", LOG_LEVELS, "INFO", warnings, upper=True),
             selftest=_read_choice(environ, "GOVINDA_SELFTEST", SELFTEST_MODES, "auto", warnings),
             tune=_read_choice(environ, "GOVINDA_TUNE", TUNE_MODES, "auto", warnings),
-            tune_budget_s=_read_seconds(environ, "GOVINDA_TUNE_BUDGET_S", DEFAULT_TUNE_BUDGET_S, warnings),
+            tune_budget_s=_read_seconds(environ, "GOVINDA_TUNE_BUDGET_S", DEFAULT_TUNE_BUDGET_S, warnings, MAX_TUNE_BUDGET_S),
             cache_dir=cache_dir_from(environ),
             platform_override=platform,
             kv_rotation=_read_choice(environ, "GOVINDA_KV_ROTATION", KV_ROTATIONS, DEFAULT_KV_ROTATION, warnings),
@@ -238,10 +256,7 @@ def cache_dir_from(environ) -> Path | None:
     raw = environ.get("GOVINDA_CACHE_DIR")
     if not raw:
         return default_cache_dir()
-    try:
-        return Path(raw).expanduser()
-    except RuntimeError:  # "~" without a home directory
-        return Path(raw)
+    return _path_from(raw)
 
 
 def _switches_of(environ) -> dict[str, str]:

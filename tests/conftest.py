@@ -24,6 +24,7 @@ TESTS = Path(__file__).resolve().parent
 VLLM_MODULES = {
     "test_overlay_core.py", "test_hardening.py", "test_hardening_fuzz.py", "test_int8_integration.py",
     "test_vllm_lines.py", "test_tensor_parallel.py", "test_scope.py", "test_capacity_calculator.py",
+    "test_selected_backend.py",
 }
 VLLM_FIXTURES = {"dcu_env", "overlay_env"}  # a simulated DCU imports vLLM's ROCm platform
 VLLM_CASES = {

@@ -23,6 +23,9 @@ DCU = SimpleNamespace(name="Hygon DCU", major=9, minor=0, multi_processor_count=
 # The attention shape of one Qwen3.5-27B rank at TP=1 and TP=2 (24 q / 4 KV heads, split by rank).
 RANK_TP1 = tuner.TuneShape(head_dim=256, num_q_heads=24, num_kv_heads=4, block_size=1552, dtype="bf16")
 RANK_TP2 = replace(RANK_TP1, num_q_heads=12, num_kv_heads=2)
+# A choice the tuning cache accepts (it is validated before use): the interpreter table's entries.
+_LC = tuner.import_kernel("launch_configs")
+CHOICE = _LC.choice_from_table(_LC.ARCH_TABLES["interpreter"], 256).to_json()
 
 
 def _settings(tmp_path):
@@ -83,7 +86,7 @@ def _one_rank(kind, cache_dir, counter, barrier, results):
         with open(counter, "a") as handle:
             handle.write("x")
         time.sleep(0.3)
-        return {"ok": True, "device": "fake", "summary": {}, "choice": "{}", "elapsed_s": 0.3}
+        return {"ok": True, "device": "fake", "summary": {}, "choice": CHOICE, "elapsed_s": 0.3}
 
     child_runner.run_subcommand = child
     settings = _settings(cache_dir)

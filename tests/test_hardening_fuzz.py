@@ -7,6 +7,12 @@ same function every vLLM process runs. Properties: it never raises outside stric
 raises only GovindaStrictError), its log stays within a size bound, each example stays within the
 deadline, and no group is ever planned or left partially applied. Hooks are not registered, so
 vLLM is never imported here; the installed vLLM is still what target modules are looked up in.
+
+Issue #25 adds generated cache files (JSON of any type and depth, verdict-shaped records with
+fuzzed types, special files in place of the verdict, its lock or a counters snapshot), which the
+readers must neither block on nor trust unchecked, and generated platform mismatches (the plan's
+platform, the one vLLM resolves, the vendor plugin installed or not, members switched off), for
+which the group must take effect whole or not at all.
 """
 
 from __future__ import annotations
@@ -250,3 +256,221 @@ def test_generated_tables_never_crash_the_loader(table_file, log, text, choice):
 def test_generated_environments_never_crash_the_loader(table_file, log, environ, text):
     _plan(table_file, text, environ, log, strict=False)
     _plan(table_file, text, environ, log, strict=True)
+
+
+# ----------------------------------------------------------------------------- cache files (issue #25)
+# What can sit where the self-test verdict, its lock or a counters snapshot should be: JSON of any
+# type and depth, verdict-shaped records with fuzzed field types, pathological nesting, binary junk,
+# and special files. Property: the reader never blocks or raises, trusts only a schema-valid regular
+# file, and otherwise reruns the (recorded) child and leaves a regular, valid file behind.
+CACHE_FUZZ = settings(FUZZ, max_examples=60)
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(10**20), 10**20), st.floats(allow_nan=True), st.text(max_size=20)),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+verdict_records = st.fixed_dictionaries(
+    {"ok": st.one_of(st.booleans(), st.sampled_from(["false", "true", 0, 1, None])), "device": st.one_of(st.text(max_size=20), json_values)},
+    optional={"summary": json_values, "reason": json_values, "uncached": json_values, "cacheable": json_values},
+)
+cache_bytes = st.one_of(
+    json_values.map(lambda v: __import__("json").dumps(v).encode()),
+    verdict_records.map(lambda v: __import__("json").dumps(v).encode()),
+    st.tuples(st.sampled_from(["[", "{\"a\":", "[{\"ok\": true, \"x\": "]), st.integers(1, 120_000)).map(lambda t: (t[0] * t[1]).encode()),
+    st.binary(max_size=200),
+)
+SPECIAL_KINDS = ["fifo", "symlink_to_fifo", "dangling_symlink", "directory", "socket"]
+cache_entries = st.one_of(cache_bytes.map(lambda data: ("regular", data)), st.sampled_from(SPECIAL_KINDS).map(lambda kind: (kind, b"")))
+
+
+def _place(path: Path, entry) -> None:
+    import os
+    import socket
+
+    kind, data = entry
+    if kind == "regular":
+        path.write_bytes(data)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "symlink_to_fifo":
+        os.mkfifo(path.with_name(path.name + ".fifo"))
+        path.symlink_to(path.with_name(path.name + ".fifo"))
+    elif kind == "dangling_symlink":
+        path.symlink_to(path.with_name("nowhere"))
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(path))
+        server.close()
+
+
+def _valid_verdict(entry):
+    from pydantic import ValidationError
+
+    from govinda_patch.int8.cache_schemas import SelftestVerdict
+
+    kind, data = entry
+    if kind != "regular":
+        return None
+    try:
+        return SelftestVerdict.model_validate_json(data)
+    except ValidationError:
+        return None
+
+
+@pytest.fixture(scope="module")
+def cache_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("fuzz-cache")
+
+
+def _fresh(root: Path) -> Path:
+    import tempfile
+
+    return Path(tempfile.mkdtemp(dir=root))
+
+
+@CACHE_FUZZ
+@given(verdict=cache_entries, lock=st.one_of(st.none(), cache_entries))
+def test_generated_cache_files_never_hang_or_fool_the_selftest(cache_root, monkeypatch, verdict, lock):
+    import json
+
+    from govinda_patch.int8 import child as child_runner, selftest
+    from govinda_patch.int8.device_cache import device_key
+    from govinda_patch.int8.fingerprint import machine_key
+    from govinda_patch.int8.guard import kernel_selftest
+    from govinda_patch.settings import Settings
+
+    calls = []
+    answer = {"ok": False, "device": "fuzz-device", "reason": "the recorded child's answer"}
+    monkeypatch.setattr(child_runner, "run_subcommand", lambda *a, **k: calls.append(a) or dict(answer))
+    root = _fresh(cache_root)
+    directory = root / "selftest"
+    directory.mkdir()
+    path = directory / f"{machine_key(device_key(None))}.json"
+    _place(path, verdict)
+    if lock is not None:
+        _place(directory / ".lock", lock)
+    env = Settings.from_env({"GOVINDA_CACHE_DIR": str(root), "GOVINDA_SELFTEST": "auto"})
+    result = selftest.cached_verdict(env)
+    trusted = _valid_verdict(verdict)
+    if trusted is not None:
+        assert calls == [] and result["ok"] is trusted.ok  # a valid verdict is taken as it is, never coerced
+    else:
+        assert len(calls) == 1 and result["ok"] is False and path.name in result["cache_problem"]
+        if verdict[0] != "directory":
+            assert path.is_file() and not path.is_symlink() and json.loads(path.read_text()) == answer
+    for note in ("cache_problem", "uncached", "lock_note"):
+        assert "\n" not in result.get(note, "") and len(result.get(note, "")) < 2000
+    line = kernel_selftest(env)  # the guard's one line, from whatever is cached now
+    text = line.message + (line.warning or "")
+    assert line.ok is (trusted is not None and trusted.ok) and "\x1b" not in text and len(text) < 3000
+    hypothesis.event("trusted" if trusted is not None else f"replaced {verdict[0]}")
+
+
+@CACHE_FUZZ
+@given(entries=st.lists(cache_entries, min_size=1, max_size=4))
+def test_generated_counters_snapshots_never_hang_or_crash_the_reader(cache_root, monkeypatch, entries):
+    from pydantic import ValidationError
+
+    from govinda_patch.int8 import counters
+    from govinda_patch.int8.cache_schemas import CountersSnapshot
+
+    root = _fresh(cache_root)
+    (root / "counters").mkdir()
+    monkeypatch.setenv("GOVINDA_CACHE_DIR", str(root))
+    valid = 0
+    for index, entry in enumerate(entries):
+        _place(root / "counters" / f"{index}.json", entry)
+        if entry[0] == "regular":
+            try:
+                CountersSnapshot.model_validate_json(entry[1])
+                valid += 1
+            except ValidationError:
+                pass
+    snapshots, ignored = counters.read_all()
+    assert len(snapshots) == valid and len(snapshots) + len(ignored) == len(entries)
+    assert all("\n" not in line and len(line) < 1000 for line in ignored)
+
+
+# ----------------------------------------------------------------------------- platform mismatch (issue #25)
+# The plan picks platform targets from GOVINDA_PLATFORM or torch's build; vLLM then runs whatever
+# platform it resolves (its own ROCm or CUDA one, Hygon's plugin, a foreign plugin, or none yet).
+# Property: the group takes effect only where vLLM's platform is one its targets patch; otherwise
+# it is off as a whole, with one bounded WARNING naming the platform (strict: GovindaStrictError).
+PLATFORM_FUZZ = settings(FUZZ, max_examples=60)
+BASE_TABLE = parse_table(BASE_TEXT, "patches.yaml")
+VLLM_PLATFORMS = {
+    "vllm.platforms.rocm": "RocmPlatform", "vllm.platforms.cuda": "NvmlCudaPlatform", "vllm_hcu.platforms.hcu": "HCUPlatform",
+    "foreign_dcu.platform": "ForeignDcuPlatform", "vllm.platforms.cpu": "CpuPlatform", "vllm.platforms.interface": "UnspecifiedPlatform",
+}
+platform_cases = st.fixed_dictionaries({
+    "override": st.sampled_from([None, "rocm", "cuda"]),
+    "vllm_platform": st.one_of(st.none(), st.sampled_from(sorted(VLLM_PLATFORMS))),
+    "hcu_installed": st.booleans(),
+    "switches": st.dictionaries(
+        st.sampled_from(["GOVINDA_PATCH_INT8_BACKEND_PRIORITY", "GOVINDA_PATCH_INT8_BACKEND_PRIORITY_HCU", "GOVINDA_INT8_KV"]),
+        st.sampled_from(["0", "1"]), max_size=2),
+    "strict": st.booleans(),
+})
+
+
+@PLATFORM_FUZZ
+@given(case=platform_cases)
+def test_generated_platform_mismatches_leave_the_group_whole(log, case):
+    import sys
+    import types
+
+    from govinda_patch.manager import Overlay
+    from govinda_patch.settings import settings_for
+    from govinda_patch.versions import detect_platform, stack_versions
+
+    env = dict(case["switches"], GOVINDA_SELFTEST="skip", GOVINDA_PLATFORM=case["override"] or "rocm")
+    if case["override"] is None:
+        env.pop("GOVINDA_PLATFORM")  # detected from torch's build (this host: cuda)
+    if case["strict"]:
+        env["GOVINDA_STRICT"] = "1"
+    hcu_dir = str(REPO / "tests" / "platform_plugins" / "hcu")
+    saved_path, saved_platforms = list(sys.path), sys.modules.get("vllm.platforms")
+    try:
+        if case["hcu_installed"]:
+            sys.path.insert(0, hcu_dir)
+        overlay = Overlay(settings_for(env), BASE_TABLE, stack_versions(), detect_platform(env.get("GOVINDA_PLATFORM")))
+        overlay.plan()  # the table is the real one: what varies is the platform, the plan and the switches
+        group = "int8_kv"
+        for entry in overlay.entries.values():  # every member lands (no vLLM module is imported here)
+            if entry.state == PENDING:
+                entry.state, entry.applied_targets = APPLIED, {t.label for t in entry.active_targets}
+        planned_modules = {t.module for e in overlay.entries.values() if e.state == APPLIED for t in e.active_targets if t.platform}
+        fake = types.ModuleType("vllm.platforms")
+        if case["vllm_platform"] is not None:
+            cls = type(VLLM_PLATFORMS[case["vllm_platform"]], (), {"__module__": case["vllm_platform"]})
+            fake._current_platform = cls()
+        else:
+            fake._current_platform = None
+        sys.modules["vllm.platforms"] = fake
+        log.seek(0)
+        log.truncate()
+        try:
+            active = overlay.group_active(group)
+        except GovindaStrictError as exc:
+            assert case["strict"], "GovindaStrictError outside strict mode"
+            assert case["vllm_platform"] in str(exc) and len(str(exc)) < 2000
+            return
+    finally:
+        sys.path[:] = saved_path
+        if saved_platforms is None:
+            sys.modules.pop("vllm.platforms", None)
+        else:
+            sys.modules["vllm.platforms"] = saved_platforms
+    lines = [line for line in log.getvalue().splitlines() if not line.startswith("status:")]
+    if not planned_modules:  # the group is off by plan (a switch): no wrapper exists to ask
+        assert lines == [] and not {e.state for e in overlay.entries.values()} & {PENDING, APPLIED}
+    elif case["vllm_platform"] is None or case["vllm_platform"] in planned_modules:
+        assert active is True and lines == [], lines  # undecided yet, or the right platform
+    else:
+        assert active is False and len(lines) == 1, lines
+        assert VLLM_PLATFORMS[case["vllm_platform"]] in lines[0] and len(lines[0]) < 2000, lines
+        assert not {e.state for e in overlay.entries.values()} & {PENDING, APPLIED}
+    _assert_no_partial_group(overlay)
+    hypothesis.event("active" if active else "stock")

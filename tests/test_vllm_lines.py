@@ -71,7 +71,8 @@ def test_every_active_target_resolves_on_the_installed_vllm(dcu_env, child):
     """
     result = child(code, dcu_env)
     assert result.returncode == 0, result
-    assert result.result["states"] == ["pending"], result.result
+    # Every patch pending, but the one for Hygon's vllm_hcu plugin, which is not installed here.
+    assert result.result["states"] == ["pending", "skipped-platform"], result.result
     # One target per patch on the simulated DCU: the ROCm priority target, one alignment target per line.
     assert result.result["missing"] == [] and result.result["targets"] == 5
 

@@ -8,14 +8,17 @@ At powers of two a counter is logged and the process's counters are written to
 
 from __future__ import annotations
 
-import json
+import itertools
 import logging
 import os
 import time
 from collections import Counter
 from pathlib import Path
 
+from ..excerpt import PATH_CHARS, error_text, quote
 from ..settings import current as current_settings
+from . import cache_files
+from .device_cache import write_json_atomically
 
 logger = logging.getLogger("govinda")
 
@@ -45,24 +48,37 @@ def _write_snapshot() -> None:
             return
         directory.mkdir(parents=True, exist_ok=True)
         payload = {"pid": os.getpid(), "time": time.time(), "counters": snapshot()}
-        (directory / f"{os.getpid()}.json").write_text(json.dumps(payload))
+        # Atomic: whatever sits at the path (a FIFO would block a plain open) is replaced.
+        write_json_atomically(directory / f"{os.getpid()}.json", payload)
     except OSError as exc:  # counters are evidence, never a reason to fail a forward pass
         logger.debug("could not write counters: %s", exc)
 
 
-def read_all() -> list[dict]:
-    """Every snapshot that can be read; an unreadable directory reads as none."""
+MAX_SNAPSHOTS = 4096  # a directory with more files is read in part (the report says so)
+
+
+def read_all() -> tuple[list[dict], list[str]]:
+    """Every snapshot that can be trusted, and one line per file that was ignored (named, with
+    why); an unreadable directory reads as none. Never blocks: see ``cache_files``."""
+    from .cache_schemas import CountersSnapshot
+
     directory = counters_dir()
+    snapshots, ignored = [], []
     try:
-        paths = sorted(directory.glob("*.json")) if directory is not None and directory.is_dir() else []
-    except OSError:
-        return []
-    snapshots = []
+        if directory is None or not directory.is_dir():
+            return [], []
+        paths = sorted(itertools.islice(directory.glob("*.json"), MAX_SNAPSHOTS + 1))
+    except OSError as exc:
+        return [], [f"{quote(directory, PATH_CHARS)}: cannot be listed ({error_text(exc)})"]
+    if len(paths) > MAX_SNAPSHOTS:
+        ignored.append(f"{quote(directory, PATH_CHARS)}: more than {MAX_SNAPSHOTS} snapshots, only some were read")
+        paths = paths[:MAX_SNAPSHOTS]
     for path in paths:
         try:
-            snapshot = json.loads(path.read_text())
-        except (OSError, ValueError):
+            snapshot = cache_files.read_validated(path, CountersSnapshot)
+        except cache_files.BadCacheFile as exc:
+            ignored.append(f"ignored {exc}")
             continue
-        if isinstance(snapshot, dict) and isinstance(snapshot.get("counters"), dict):
+        if snapshot is not None:
             snapshots.append(snapshot)
-    return snapshots
+    return snapshots, ignored

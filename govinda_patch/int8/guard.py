@@ -16,11 +16,15 @@ def kernel_selftest(settings) -> GuardVerdict:
         verdict = selftest.cached_verdict(settings)
     except Exception as exc:
         verdict = {"ok": False, "reason": f"self-test could not run: {type(exc).__name__}: {clip(exc)}"}
-    uncached = verdict.get("uncached")
-    if not verdict.get("ok"):
-        reason = clip(verdict.get("reason") or "unknown", 300) + (f" ({uncached})" if uncached else "")
+    # What went wrong with the cache (the operator should hear it), and what only explains.
+    problems = "; ".join(clip(verdict[key], 600) for key in ("uncached", "cache_problem") if verdict.get(key))
+    lock_note = verdict.get("lock_note")
+    if verdict.get("ok") is not True:
+        reason = clip(verdict.get("reason") or "unknown", 300) + (f" ({problems})" if problems else "")
         return GuardVerdict(False, f"kernel self-test failed: {reason}")
-    passed = f"kernel self-test passed on {verdict.get('device')} ({clip(verdict.get('summary', ''), 300)})"
-    if uncached:
-        return GuardVerdict(True, passed, warning=f"{passed}, but {uncached}")
+    passed = f"kernel self-test passed on {clip(verdict.get('device'), 200)} ({clip(verdict.get('summary', ''), 300)})"
+    if lock_note:
+        passed += f"; {clip(lock_note, 300)}"
+    if problems:
+        return GuardVerdict(True, passed, warning=f"{passed}, but {problems}")
     return GuardVerdict(True, passed)

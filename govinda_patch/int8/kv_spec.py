@@ -41,6 +41,19 @@ def int8_serves_model(model_config, cache_config, attention_backend) -> tuple[bo
     return True, ""
 
 
+def int8_serves_layer(vllm_config, spec) -> bool:
+    """Whether the INT8 backend would serve a layer with this stock spec (a full-attention layer of
+    a model it serves), i.e. whether another backend there needs saying."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    if type(spec) is not FullAttentionSpec or getattr(spec, "sliding_window", None) is not None:
+        return False
+    if spec.head_size not in SUPPORTED_HEAD_SIZES or str(spec.dtype) not in SUPPORTED_DTYPE_NAMES:
+        return False
+    serves, _ = int8_serves_model(vllm_config.model_config, vllm_config.cache_config, vllm_config.attention_config.backend)
+    return serves
+
+
 def int8_spec_for(spec):
     """The plain FullAttentionSpec whose page is 2*B*H*(D+4) int8 bytes (see backend.py)."""
     import torch

@@ -11,12 +11,12 @@ for every KV rotation (a server may be started with either; the key holds the ac
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 
+from ..excerpt import PATH_CHARS, error_text, quote
 from ..settings import KV_ROTATIONS
-from . import child
+from . import cache_files, child
 from .device_cache import current_device_index, device_key, write_json_atomically
 from .fingerprint import machine_key
 
@@ -26,41 +26,59 @@ def cached_verdict(settings) -> dict:
 
     A cache directory that cannot be created, locked or written (read-only HOME, a path under a
     regular file) never stops the decision: the child runs uncached and the verdict carries an
-    ``uncached`` note for the caller's one log line.
+    ``uncached`` note for the caller's one log line. A cache file that cannot be trusted (not a
+    regular file, not a valid verdict) is named in a ``cache_problem`` note, ignored, and replaced
+    by the fresh verdict; a lock another process keeps past ``cache_files.LOCK_TIMEOUT_S`` is given
+    up (``lock_note``): the child runs here too.
     """
     directory = settings.cache_subdir("selftest")
     try:
         if directory is None:
             raise FileNotFoundError("no home directory and GOVINDA_CACHE_DIR unset")
         directory.mkdir(parents=True, exist_ok=True)
-        lock = open(directory / ".lock", "a")
     except OSError as exc:
         return dict(child.run_subcommand(), uncached=_uncached_note(directory, exc))
-    with lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one child at a time (e.g. several TP workers)
-        except OSError as exc:
-            return dict(child.run_subcommand(), uncached=_uncached_note(directory, exc))
+    from .cache_schemas import SelftestVerdict
+
+    # One child at a time (e.g. several TP workers), within the lock's timeout.
+    with cache_files.locked(directory / ".lock") as lock:
         index = current_device_index()
         path = directory / f"{machine_key(device_key(index))}.json"
+        problems = [lock.problem] if lock.problem else []
+        bad = None
         try:
-            cached = json.loads(path.read_text())
-            if isinstance(cached, dict):
-                return cached
-        except (OSError, ValueError):
-            pass
+            cached = cache_files.read_validated(path, SelftestVerdict)
+        except cache_files.BadCacheFile as exc:
+            cached, bad = None, str(exc)
+        if cached is not None:
+            for key in RUNTIME_KEYS:  # notes about one process's cache, never read back from a file
+                cached.pop(key, None)
+            return dict(cached, cache_problem="; ".join(problems)) if problems else cached
         verdict = child.run_subcommand() if index is None else child.run_subcommand(("selftest", "--json", "--device-index", str(index)))
+        notes, written = {}, False
         if verdict.get("cacheable", True):
             try:
                 write_json_atomically(path, verdict)
+                written = True
             except OSError as exc:
-                verdict = dict(verdict, uncached=_uncached_note(directory, exc))
-        return verdict
+                notes["uncached"] = _uncached_note(directory, exc)
+        if bad is not None:
+            problems.append(f"ignored {bad}; the self-test ran again" + (" and its verdict replaced the file" if written else ""))
+        if problems:
+            notes["cache_problem"] = "; ".join(problems)
+        if lock.busy:
+            notes["lock_note"] = f"{lock.note()}, so it ran here too"
+        return dict(verdict, **notes)
+
+
+# Keys cached_verdict adds for its caller's log line; they describe this process's cache only.
+RUNTIME_KEYS = ("uncached", "cache_problem", "lock_note")
 
 
 def _uncached_note(directory, exc: OSError) -> str:
-    reason = exc.strerror or str(exc)
-    return f"its verdict is not cached ({directory or 'no cache directory'}: {type(exc).__name__}: {reason}), so every process runs it again"
+    where = quote(directory, PATH_CHARS) if directory is not None else "no cache directory"
+    cause = f"{type(exc).__name__}: {exc.strerror}" if exc.strerror else error_text(exc)  # the path is named already
+    return f"its verdict is not cached ({where}: {cause}), so every process runs it again"
 
 
 def run_selftest(device_index=None) -> dict:

@@ -19,10 +19,10 @@ does not reach, or where no candidate passes, keep the hand table's entry.
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import json
+import logging
 import math
 import os
 import sys
@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
+from ..excerpt import clip, error_text
 from ..kernel_package import import_kernel
 
 TUNE_TIMEOUT_MARGIN_S = 180  # child start-up, imports and the last compile on top of the budget
@@ -112,22 +113,53 @@ def cache_path(settings, shape: TuneShape, device_label: str, arch_key: str) -> 
     return directory / f"{machine_key(device_label)}-{extra}-{shape.key()}.json"
 
 
+def _read_cached(path: Path) -> Optional[dict]:
+    """The cached result for ``path``, None without one; ``BadCacheFile`` for an entry that is not
+    a valid successful tuning result whose choice this table can use."""
+    from . import cache_files
+    from .cache_schemas import TuneResult
+
+    result = cache_files.read_validated(path, TuneResult)
+    if result is None:
+        return None
+    if result["ok"] is not True:
+        raise cache_files.BadCacheFile(path, "a failed tuning result (those are never cached)")
+    try:
+        import_kernel("launch_configs").TunedChoice.from_json(result["choice"])
+    except (TypeError, ValueError, KeyError) as exc:
+        raise cache_files.BadCacheFile(path, f"its choice does not fit this launch-config table ({type(exc).__name__}: {exc})") from None
+    return result
+
+
 def cached_or_tuned(settings, shape: TuneShape, device, arch_key: str, device_label: str) -> dict:
-    """The tuning result for ``shape``: from the cache, else from a tuning child (then cached)."""
+    """The tuning result for ``shape``: from the cache, else from a tuning child (then cached).
+
+    A cache file that cannot be trusted is named in the result's ``cache_problem``, ignored and
+    replaced by the fresh result. While another process keeps the lock past
+    ``cache_files.LOCK_TIMEOUT_S`` (it is tuning this shape), the result is ``busy``: this start
+    keeps the hand table instead of tuning the same shape twice at once.
+    """
+    from . import cache_files, child
     from .device_cache import write_json_atomically
-    from . import child
 
     path = cache_path(settings, shape, device_label, arch_key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if settings.tune != "force" and path.exists():
+    with cache_files.locked(path.parent / ".lock") as lock:
+        problems = [lock.problem] if lock.problem else []
+        bad = None
+        if settings.tune != "force":
             try:
-                result = json.loads(path.read_text())
+                result = _read_cached(path)
+            except cache_files.BadCacheFile as exc:
+                result, bad = None, str(exc)
+            if result is not None:
                 result["from_cache"] = True
+                if problems:
+                    result["cache_problem"] = "; ".join(problems)
                 return result
-            except ValueError:
-                pass
+        if lock.busy:
+            return {"ok": False, "busy": True, "cacheable": False, "from_cache": False,
+                    "reason": f"{lock.note()}, tuning this shape: the tuned choice applies from the next start"}
         import torch
 
         device = torch.device(device)
@@ -137,8 +169,17 @@ def cached_or_tuned(settings, shape: TuneShape, device, arch_key: str, device_la
         result = child.run_subcommand(
             args, timeout_s=int(settings.tune_budget_s + TUNE_TIMEOUT_MARGIN_S), what="tuning", stream_stderr=True
         )
+        written = False
         if result.get("ok") and result.get("cacheable", True):
-            write_json_atomically(path, result)
+            try:
+                write_json_atomically(path, result)
+                written = True
+            except OSError as exc:
+                problems.append(f"the result is not cached ({exc.strerror or exc})")
+        if bad is not None:
+            problems.append(f"ignored {bad}; tuned again" + (" and the result replaced the file" if written else ""))
+        if problems:
+            result["cache_problem"] = "; ".join(problems)
         result["from_cache"] = False
         return result
 
@@ -160,13 +201,17 @@ def _launch_configs_for(settings_key: tuple, shape: TuneShape, device_str: str):
         return base, f"{hand} (no GPU to tune on)"
     try:
         result = cached_or_tuned(settings, shape, device, base.key, _device_label(device))
+        if result.get("cache_problem"):  # once per shape and process (this function is cached)
+            logging.getLogger("govinda").warning("launch-config cache for %s: %s", shape.key(), clip(result["cache_problem"], 1200))
+        if result.get("busy"):
+            return base, f"{hand} ({result.get('reason')})"
         if not result.get("ok"):
             return base, f"{hand} (tuning failed: {result.get('reason', 'unknown')})"
         choice = lc.TunedChoice.from_json(result["choice"])
-    except Exception as exc:  # a broken cache file or child must never stop the server
-        return base, f"{hand} (tuning failed: {type(exc).__name__}: {exc})"
-    origin = "cached" if result.get("from_cache") else f"tuned in {result.get('elapsed_s', 0):.1f} s"
-    return lc.with_choice(base, shape.head_dim, choice), f"tuned ({origin}) {choice.label}; {result.get('summary', '')}"
+    except Exception as exc:  # a broken child or cache directory must never stop the server
+        return base, f"{hand} (tuning failed: {error_text(exc, 300)})"
+    origin = "cached" if result.get("from_cache") else f"tuned in {result.get('elapsed_s') or 0:.1f} s"
+    return lc.with_choice(base, shape.head_dim, choice), f"tuned ({origin}) {choice.label}; {clip(result.get('summary', ''), 300)}"
 
 
 def launch_configs_for(shape: TuneShape, device):

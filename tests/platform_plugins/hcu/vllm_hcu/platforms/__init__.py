@@ -1,0 +1,1 @@
+"""The stand-in's platform package (the real one resolves ``HCUPlatform`` lazily as well)."""

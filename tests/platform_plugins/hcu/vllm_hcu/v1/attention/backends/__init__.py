@@ -1,0 +1,1 @@
+"""The plugin's own attention backend classes, registered under vLLM's enum names."""
