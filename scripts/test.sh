@@ -9,21 +9,24 @@
 # The first line runs every case. Each later line runs the cases marked ``vllm`` (they import vLLM
 # or depend on the installed line), plus the ``gpu_interpreter`` ones when its lock pins a Triton
 # that no earlier line has (the interpreter is Triton's); tests/conftest.py assigns the markers.
+# A -m expression is combined with each job's own selection; -m "" runs every case on every line.
 # The default order puts the DCU's stack first: Python 3.10, torch 2.10, the AMD compile gate.
 #
-# The lines are independent processes, so they run side by side, GOVINDA_TEST_JOBS at a time
+# The runs are independent processes, so they run side by side, GOVINDA_TEST_JOBS at a time
 # (a case mostly waits on one core: a child interpreter importing vLLM, or the Triton
-# interpreter). Without extra pytest arguments the first line's run is split in two jobs,
-# ``-m vllm`` and ``-m "not vllm"``, which partition it exactly. Each job's output is printed
-# whole when it ends, then one summary line per job.
+# interpreter). Each line's run is split in two jobs on the ``vllm`` marker, which partition it
+# exactly; with other pytest arguments (-k, paths) a line stays one job. Each job's output is
+# printed whole when it ends, then one summary line per environment and per job.
 #
 # Environments live under $GOVINDA_VENV_ROOT (default <repo>/.venvs) and are created by
-# scripts/setup.sh from requirements/vllm-<line>.lock when missing or stale (side by side too);
-# a line whose environment is not there yet uses <repo>/.venv (plain scripts/setup.sh) when that
-# matches its lock.
+# scripts/setup.sh from requirements/vllm-<line>.lock when missing or stale; a line whose
+# environment is not there yet uses <repo>/.venv (plain scripts/setup.sh) when that matches its
+# lock. Builds run beside the pytest jobs, outside their slots (mostly downloads and unpacking),
+# and a line's jobs start as soon as its environment is there.
 # env-doc: GOVINDA_VENV_ROOT | directory | <repo>/.venvs | Where the per-vLLM-line test environments live (CI points it at a cache keyed by the lock files).
 # env-doc: GOVINDA_TEST_LINES | space-separated vLLM versions | 0.18.1 0.26.0 0.33.0 | Which supported vLLM lines to test.
-# env-doc: GOVINDA_TEST_JOBS | integer >= 1 | number of CPUs | How many pytest runs (and environment builds) scripts/test.sh runs side by side; 1 streams the output live.
+# env-doc: GOVINDA_TEST_JOBS | integer >= 1 | number of CPUs | How many pytest runs scripts/test.sh runs side by side (environment builds run beside them); 1 runs everything one at a time with live output.
+# env-doc: GOVINDA_TEST_FRESH_CHILDREN | 0, 1 | 0 | 1: every child of tests/overlay_testing.run_child is a new interpreter instead of a fork of the session's warm one (tests/warm_interpreter.py).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
@@ -174,11 +177,24 @@ for line in "${LINE_LIST[@]}"; do
   [ "$first_line_jobs" != 0 ] || first_line_jobs=${#jobs_names[@]}
   seen_tritons+="$triton "
 done
-# Longest first: the later lines' runs, newest first (a new Triton adds the interpreter cases),
-# then the first line's; a job waits only for its own line's environment.
+# Longest first: by the seconds each job took last time ($TIMES, kept beside the environments;
+# its last line for a job name counts), else the later lines' runs, newest first (a new Triton
+# adds the interpreter cases), then the first line's. A job waits only for its own line's
+# environment. The order decides only when jobs start, never what runs.
+TIMES="$VENV_ROOT/.govinda-test-seconds"
 order=()
 for ((i = ${#jobs_names[@]}; i > first_line_jobs; i--)); do order+=("$i"); done
 for ((i = 1; i <= first_line_jobs; i++)); do order+=("$i"); done
+if [ -r "$TIMES" ]; then
+  ranked=()
+  for ((k = 0; k < ${#order[@]}; k++)); do
+    i="${order[k]}"
+    last="$(awk -v job="${jobs_names[i - 1]}" '$1 == job { s = $2 } END { print s + 0 }' "$TIMES")"
+    ranked+=("$last $k $i")
+  done
+  order=()
+  while read -r _ _ i; do order+=("$i"); done < <(printf '%s\n' "${ranked[@]}" | sort -k1,1nr -k2,2n)
+fi
 queue=("${order[@]}")
 status=0
 while [ "${#queue[@]}" -gt 0 ]; do
@@ -237,5 +253,6 @@ for i in "${order[@]}"; do
     status=1
   fi
   echo "=== $name: $verdict, $took s"
+  [ "$rc" != 0 ] || { mkdir -p "$VENV_ROOT" && echo "$name $took" >> "$TIMES"; } 2>/dev/null || true
 done
 exit "$status"

@@ -64,7 +64,8 @@ class ChildResult:
 
 
 # One warm interpreter per environment key (server_environment); few keys occur in one session.
-_warm: dict[frozenset, WarmInterpreter] = {}
+# None: that server could not start (said once on stderr); its children start fresh.
+_warm: dict[frozenset, WarmInterpreter | None] = {}
 MAX_WARM_INTERPRETERS = 3
 
 
@@ -73,9 +74,14 @@ def _warm_for(env: dict) -> WarmInterpreter | None:
     if key not in _warm:
         if len(_warm) >= MAX_WARM_INTERPRETERS:
             return None
-        _warm[key] = WarmInterpreter(env)
-        atexit.register(_warm[key].close)
-    return _warm[key] if _warm[key].alive() else None
+        try:
+            _warm[key] = WarmInterpreter(env)
+            atexit.register(_warm[key].close)
+        except (OSError, RuntimeError, TimeoutError) as error:
+            sys.stderr.write(f"overlay_testing: warm interpreter unavailable, children start fresh: {error}\n")
+            _warm[key] = None
+    warm = _warm[key]
+    return warm if warm is not None and warm.alive() else None
 
 
 def run_child(code: str, env: dict, timeout: float = 300, cwd: Path | None = None, fresh: bool = False) -> ChildResult:

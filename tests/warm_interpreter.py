@@ -133,7 +133,7 @@ def serve() -> None:
     sys.path.remove(str(REPO))
     # What the preloads picked up from the checkout (transformers imports our ``kernels``
     # namespace to see it is not the HF package) is imported again by each child, on its own path.
-    for name in [n for n, m in sys.modules.items() if _from_checkout(m)]:
+    for name in [n for n, m in list(sys.modules.items()) if _from_checkout(m)]:
         del sys.modules[name]
     held = [m for m in sys.modules if m.split(".")[0] in NOT_PRELOADED]
     if held:
@@ -152,11 +152,15 @@ def serve() -> None:
 
 
 def _from_checkout(module) -> bool:
-    locations = [getattr(module, "__file__", None)]
-    path = getattr(module, "__path__", None)
+    attributes = getattr(module, "__dict__", {})  # not getattr: a lazy module would import on access
+    locations = [attributes.get("__file__")]
+    path = attributes.get("__path__")
     if isinstance(path, (list, tuple)) or type(path).__name__ == "_NamespacePath":
         locations += list(path)
-    return any(isinstance(p, str) and p.startswith(str(REPO) + os.sep) for p in locations)
+    # The environment may live inside the checkout (scripts/setup.sh's default .venv): not ours.
+    ours, environment = os.path.realpath(REPO) + os.sep, os.path.realpath(sys.prefix) + os.sep
+    real = [os.path.realpath(p) for p in locations if isinstance(p, str)]
+    return any(p.startswith(ours) and not p.startswith(environment) for p in real)
 
 
 def _become_the_child(request: dict, base_path: list) -> None:
