@@ -177,8 +177,8 @@ for line in "${LINE_LIST[@]}"; do
   [ "$first_line_jobs" != 0 ] || first_line_jobs=${#jobs_names[@]}
   seen_tritons+="$triton "
 done
-# Longest first: by the seconds each job took last time ($TIMES, kept beside the environments;
-# its last line for a job name counts), else the later lines' runs, newest first (a new Triton
+# Longest first: by the seconds each job took in the last default run ($TIMES, kept beside the
+# environments; its last line for a job name counts), else the later lines' runs, newest first (a new Triton
 # adds the interpreter cases), then the first line's. A job waits only for its own line's
 # environment. The order decides only when jobs start, never what runs.
 TIMES="$VENV_ROOT/.govinda-test-seconds"
@@ -253,6 +253,7 @@ for i in "${order[@]}"; do
     status=1
   fi
   echo "=== $name: $verdict, $took s"
-  [ "$rc" != 0 ] || { mkdir -p "$VENV_ROOT" && echo "$name $took" >> "$TIMES"; } 2>/dev/null || true
+  # Recorded for the default run only (a -m or -k run's jobs share its names but not its cases).
+  [ "$rc" != 0 ] || [ "$user_mark_set$split" != 01 ] || { mkdir -p "$VENV_ROOT" && echo "$name $took" >> "$TIMES"; } 2>/dev/null || true
 done
 exit "$status"
