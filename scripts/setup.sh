@@ -56,8 +56,27 @@ find_python() {  # an interpreter for $1 (e.g. 3.10): PATH, pyenv, then the usua
   return 1
 }
 
+# uv, pinned by requirements/tools.lock, installed once per tools lock outside the checkout (the
+# builds that scripts/test.sh runs side by side share it; the first to finish puts it in place).
+# It downloads in parallel, keeps the wheels in its cache (UV_CACHE_DIR, default ~/.cache/uv) and
+# links them into the environment; modules are byte-compiled when first imported, not up front.
+uv_from_tools_lock() {  # $1: a Python with pip; prints the path of uv
+  local tools_lock="$REPO/requirements/tools.lock" dir partial
+  dir="${XDG_CACHE_HOME:-$HOME/.cache}/govinda/tools-$(sha256sum "$tools_lock" | cut -c1-16)"
+  if [ ! -x "$dir/bin/uv" ]; then
+    mkdir -p "$(dirname "$dir")"
+    partial="$(mktemp -d "$dir.partial.XXXXXX")"
+    "$1" -m pip install -q --no-deps --target "$partial" -r "$tools_lock" >&2 || { rm -rf "$partial"; return 1; }
+    mv -T "$partial" "$dir" 2>/dev/null || rm -rf "$partial"  # another build was first
+  fi
+  [ -x "$dir/bin/uv" ] && echo "$dir/bin/uv"
+}
+
+# The stamp is written only after the build imported vLLM, torch and Triton; a check then only
+# asks the interpreter for vLLM's metadata (importing vLLM costs ~10 s of CPU per line and check).
 matches_lock() {
-  [ -f "$VENV/.govinda-lock" ] && [ "$(cat "$VENV/.govinda-lock")" = "$STAMP" ] && "$VENV/bin/python" -c 'import vllm' >/dev/null 2>&1
+  [ -f "$VENV/.govinda-lock" ] && [ "$(cat "$VENV/.govinda-lock")" = "$STAMP" ] \
+    && "$VENV/bin/python" -c 'from importlib import metadata; metadata.version("vllm")' >/dev/null 2>&1
 }
 
 if [ "$CHECK" = 1 ]; then
@@ -72,9 +91,14 @@ else
   say "creating $VENV with $BASE_PY for vLLM $VLLM_LINE (lock $STAMP)"
   rm -rf "$VENV"
   "$BASE_PY" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
   # The lock pins every package (torch included), so no resolver surprises on a fresh machine.
-  "$VENV/bin/python" -m pip install -q --no-deps -r "$LOCK"
+  if UV="$(uv_from_tools_lock "$VENV/bin/python")"; then
+    "$UV" pip install --quiet --no-deps --python "$VENV/bin/python" -r "$LOCK"
+  else
+    say "uv from requirements/tools.lock could not be installed; installing with pip (slower)"
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    "$VENV/bin/python" -m pip install -q --no-deps -r "$LOCK"
+  fi
   "$VENV/bin/python" -c 'import vllm, torch, triton, wrapt, yaml; print("[setup] vllm", vllm.__version__, "torch", torch.__version__, "triton", triton.__version__)' >&2
   echo "$STAMP" > "$VENV/.govinda-lock"
 fi

@@ -9,21 +9,24 @@
 # The first line runs every case. Each later line runs the cases marked ``vllm`` (they import vLLM
 # or depend on the installed line), plus the ``gpu_interpreter`` ones when its lock pins a Triton
 # that no earlier line has (the interpreter is Triton's); tests/conftest.py assigns the markers.
+# A -m expression is combined with each job's own selection; -m "" runs every case on every line.
 # The default order puts the DCU's stack first: Python 3.10, torch 2.10, the AMD compile gate.
 #
-# The lines are independent processes, so they run side by side, GOVINDA_TEST_JOBS at a time
+# The runs are independent processes, so they run side by side, GOVINDA_TEST_JOBS at a time
 # (a case mostly waits on one core: a child interpreter importing vLLM, or the Triton
-# interpreter). Without extra pytest arguments the first line's run is split in two jobs,
-# ``-m vllm`` and ``-m "not vllm"``, which partition it exactly. Each job's output is printed
-# whole when it ends, then one summary line per job.
+# interpreter). Each line's run is split in two jobs on the ``vllm`` marker, which partition it
+# exactly; with other pytest arguments (-k, paths) a line stays one job. Each job's output is
+# printed whole when it ends, then one summary line per environment and per job.
 #
 # Environments live under $GOVINDA_VENV_ROOT (default <repo>/.venvs) and are created by
-# scripts/setup.sh from requirements/vllm-<line>.lock when missing or stale (side by side too);
-# a line whose environment is not there yet uses <repo>/.venv (plain scripts/setup.sh) when that
-# matches its lock.
+# scripts/setup.sh from requirements/vllm-<line>.lock when missing or stale; a line whose
+# environment is not there yet uses <repo>/.venv (plain scripts/setup.sh) when that matches its
+# lock. Builds run beside the pytest jobs, outside their slots (mostly downloads and unpacking),
+# and a line's jobs start as soon as its environment is there.
 # env-doc: GOVINDA_VENV_ROOT | directory | <repo>/.venvs | Where the per-vLLM-line test environments live (CI points it at a cache keyed by the lock files).
 # env-doc: GOVINDA_TEST_LINES | space-separated vLLM versions | 0.18.1 0.26.0 0.33.0 | Which supported vLLM lines to test.
-# env-doc: GOVINDA_TEST_JOBS | integer >= 1 | number of CPUs | How many pytest runs (and environment builds) scripts/test.sh runs side by side; 1 streams the output live.
+# env-doc: GOVINDA_TEST_JOBS | integer >= 1 | number of CPUs | How many pytest runs scripts/test.sh runs side by side (environment builds run beside them); 1 runs everything one at a time with live output.
+# env-doc: GOVINDA_TEST_FRESH_CHILDREN | 0, 1 | 0 | 1: every child of tests/overlay_testing.run_child is a new interpreter instead of a fork of the session's warm one (tests/warm_interpreter.py).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
@@ -45,13 +48,20 @@ cleanup() {  # stop jobs still running (an interrupted run), then drop the logs;
 }
 trap cleanup EXIT
 
-# --- a small job pool: spawn NAME CMD... runs CMD with its output in $WORK/NAME.log ----------
+# --- a small job pool: spawn NAME CMD... runs CMD in the background, output in $WORK/NAME.log ----
+# Environment builds (mostly downloads and unpacking) run beside the pytest jobs and do not take
+# one of the GOVINDA_TEST_JOBS slots; a line's pytest jobs start as soon as its environment is there.
+pytest_pids=()
+running_pytests() {
+  local pid alive=()
+  for pid in "${pytest_pids[@]}"; do
+    kill -0 "$pid" 2>/dev/null && alive+=("$pid")
+  done
+  pytest_pids=("${alive[@]}")
+  echo "${#pytest_pids[@]}"
+}
 spawn() {
   local name="$1"; shift
-  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do
-    wait -n || true
-    report_finished
-  done
   case "$name" in setup-*) ;; *) echo "=== started $name" ;; esac
   if [ "$JOBS" = 1 ]; then  # one at a time: stream the output as it comes
     local started=$SECONDS rc=0
@@ -66,6 +76,7 @@ spawn() {
     "$@" > "$WORK/$name.log" 2>&1
     echo "$? $((SECONDS - started))" > "$WORK/$name.rc"
   ) &
+  case "$name" in setup-*) ;; *) pytest_pids+=("$!") ;; esac
 }
 report_finished() {  # print each finished job's log once, in the order they finish
   local rc_file name
@@ -78,39 +89,32 @@ report_finished() {  # print each finished job's log once, in the order they fin
     cat "$WORK/$name.log"
   done
 }
-wait_all() {
-  while [ -n "$(jobs -rp)" ]; do
-    wait -n || true
-    report_finished
-  done
-  wait || true
-  report_finished
-}
 
 # --- environments: reuse what matches each lock, build the rest --------------------------------
-build_environment() {  # line $1: record the environment to use in $WORK/venv-$1
-  local line="$1" venv="$VENV_ROOT/vllm-$1"
-  if "$REPO/scripts/setup.sh" --check --vllm "$line" --venv "$venv"; then
-    :
-  elif "$REPO/scripts/setup.sh" --check --vllm "$line" --venv "$REPO/.venv"; then
-    venv="$REPO/.venv"
-  else
-    "$REPO/scripts/setup.sh" --vllm "$line" --venv "$venv" >/dev/null || return 1
-  fi
-  echo "$venv" > "$WORK/venv-$line"
+existing_environment() {  # line $1: record a matching environment in $WORK/venv-$1, if there is one
+  local line="$1" venv
+  for venv in "$VENV_ROOT/vllm-$line" "$REPO/.venv"; do
+    if "$REPO/scripts/setup.sh" --check --vllm "$line" --venv "$venv"; then
+      echo "$venv" > "$WORK/venv-$line"
+      echo "0 0" > "$WORK/setup-$line.rc"
+      touch "$WORK/setup-$line.shown"
+      return 0
+    fi
+  done
+  return 1
 }
-for line in "${LINE_LIST[@]}"; do
-  spawn "setup-$line" build_environment "$line"
+build_environment() {  # line $1
+  local venv="$VENV_ROOT/vllm-$1"
+  "$REPO/scripts/setup.sh" --vllm "$1" --venv "$venv" >/dev/null || return 1
+  echo "$venv" > "$WORK/venv-$1"
+}
+started_all=$SECONDS
+for line in "${LINE_LIST[@]}"; do  # checks first (quick), so that cached lines start in order
+  existing_environment "$line" || true
 done
-wait_all
-status=0
 for line in "${LINE_LIST[@]}"; do
-  if [ ! -s "$WORK/venv-$line" ]; then
-    echo "=== vLLM $line: no environment (setup failed, see above)" >&2
-    status=1
-  fi
+  [ -s "$WORK/venv-$line" ] || spawn "setup-$line" build_environment "$line"
 done
-[ "$status" = 0 ] || exit 1
 
 # --- the pytest jobs ---------------------------------------------------------------------------
 run_pytest() {  # line, then pytest arguments
@@ -121,48 +125,126 @@ run_pytest() {  # line, then pytest arguments
   cd "$REPO" && "$venv/bin/python" -m pytest tests -q -p no:cacheprovider "$@"
 }
 jobs_names=()
+jobs_lines=()
 first_line_jobs=0  # the first line's jobs come first in jobs_names
-add_job() {  # name, then the line and its pytest arguments (kept NUL-separated on disk)
-  jobs_names+=("$1"); shift
-  printf '%s\0' "$@" > "$WORK/args-${#jobs_names[@]}"
+# A marker expression given with -m is combined with each job's own ("A" becomes "(A) and (EXPR)");
+# -m "" keeps the documented meaning, every case on every line. Other arguments pass through.
+user_mark=""
+user_mark_set=0
+other_args=()
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    -m) [ "$#" -ge 2 ] || { echo "test.sh: -m needs an expression" >&2; exit 2; }
+        user_mark="$2"; user_mark_set=1; shift 2 ;;
+    -m*) user_mark="${1#-m}"; user_mark_set=1; shift ;;
+    *) other_args+=("$1"); shift ;;
+  esac
+done
+add_job() {  # name, line, the job's own marker expression ("" = every case)
+  local name="$1" line="$2" mark="$3" args=()
+  if [ "$user_mark_set" = 1 ]; then
+    if [ -z "$user_mark" ]; then mark=""; elif [ -n "$mark" ]; then mark="($mark) and ($user_mark)"; else mark="$user_mark"; fi
+  fi
+  [ -z "$mark" ] || args=(-m "$mark")
+  [ "$user_mark_set" = 0 ] || [ -n "$mark" ] || args=(-m "")
+  jobs_names+=("$name"); jobs_lines+=("$line")
+  printf '%s\0' "$line" "${args[@]}" "${other_args[@]}" > "$WORK/args-${#jobs_names[@]}"
 }
+# Each line's run is split in two jobs that partition it exactly (on the vllm marker), so that
+# shorter jobs fill the slots; with other pytest arguments (-k, a path) it stays one job, which
+# then must collect something.
+split=1
+[ "${#other_args[@]}" = 0 ] && { [ "$user_mark_set" = 0 ] || [ -n "$user_mark" ]; } || split=0
 seen_tritons=" "
 for line in "${LINE_LIST[@]}"; do
   triton="$(grep -m1 '^triton==' "$REPO/requirements/vllm-$line.lock" 2>/dev/null || true)"
   if [ "$first_line_jobs" = 0 ]; then  # the first line: every case
-    if [ "$#" = 0 ]; then
-      add_job "vllm-$line-vllm-cases" "$line" -m vllm
-      add_job "vllm-$line-other-cases" "$line" -m "not vllm"
-    else
-      add_job "vllm-$line-every-case" "$line" "$@"
-    fi
-    first_line_jobs=${#jobs_names[@]}
+    line_mark=""
   elif [[ "$seen_tritons" != *" $triton "* ]]; then
-    add_job "vllm-$line-vllm-and-gpu_interpreter-cases" "$line" -m "vllm or gpu_interpreter" "$@"
+    line_mark="vllm or gpu_interpreter"
   else
-    add_job "vllm-$line-vllm-cases" "$line" -m vllm "$@"
+    line_mark="vllm"
   fi
+  if [ "$split" = 1 ]; then
+    add_job "vllm-$line-vllm-cases" "$line" "vllm"
+    case "$line_mark" in
+      "") add_job "vllm-$line-other-cases" "$line" "not vllm" ;;
+      "vllm or gpu_interpreter") add_job "vllm-$line-gpu_interpreter-cases" "$line" "gpu_interpreter and not vllm" ;;
+    esac
+  else
+    add_job "vllm-$line-${line_mark:+${line_mark// /-}-}cases" "$line" "$line_mark"
+  fi
+  [ "$first_line_jobs" != 0 ] || first_line_jobs=${#jobs_names[@]}
   seen_tritons+="$triton "
 done
-# Longest first: the later lines' runs, newest first (a new Triton adds the interpreter cases),
-# then the first line's.
+# Longest first: by the seconds each job took in the last default run ($TIMES, kept beside the
+# environments; its last line for a job name counts), else the later lines' runs, newest first (a new Triton
+# adds the interpreter cases), then the first line's. A job waits only for its own line's
+# environment. The order decides only when jobs start, never what runs.
+TIMES="$VENV_ROOT/.govinda-test-seconds"
 order=()
 for ((i = ${#jobs_names[@]}; i > first_line_jobs; i--)); do order+=("$i"); done
 for ((i = 1; i <= first_line_jobs; i++)); do order+=("$i"); done
-started_all=$SECONDS
-for i in "${order[@]}"; do
-  args=()
-  while IFS= read -r -d '' word; do args+=("$word"); done < "$WORK/args-$i"
-  spawn "${jobs_names[i - 1]}" run_pytest "${args[@]}"
+if [ -r "$TIMES" ]; then
+  ranked=()
+  for ((k = 0; k < ${#order[@]}; k++)); do
+    i="${order[k]}"
+    last="$(awk -v job="${jobs_names[i - 1]}" '$1 == job { s = $2 } END { print s + 0 }' "$TIMES")"
+    ranked+=("$last $k $i")
+  done
+  order=()
+  while read -r _ _ i; do order+=("$i"); done < <(printf '%s\n' "${ranked[@]}" | sort -k1,1nr -k2,2n)
+fi
+queue=("${order[@]}")
+status=0
+while [ "${#queue[@]}" -gt 0 ]; do
+  waiting=()
+  for i in "${queue[@]}"; do
+    line="${jobs_lines[i - 1]}"
+    if [ -s "$WORK/venv-$line" ] && [ "$(running_pytests)" -lt "$JOBS" ]; then
+      args=()
+      while IFS= read -r -d '' word; do args+=("$word"); done < "$WORK/args-$i"
+      spawn "${jobs_names[i - 1]}" run_pytest "${args[@]}"
+    elif [ -e "$WORK/setup-$line.rc" ] && [ ! -s "$WORK/venv-$line" ]; then
+      echo "=== vLLM $line: no environment (setup failed, see above): ${jobs_names[i - 1]} not run" >&2
+      echo "1 0" > "$WORK/${jobs_names[i - 1]}.rc"
+      touch "$WORK/${jobs_names[i - 1]}.shown"
+      status=1
+    else
+      waiting+=("$i")
+    fi
+  done
+  queue=("${waiting[@]}")
+  if [ "${#queue[@]}" -gt 0 ]; then
+    wait -n || true
+    report_finished
+  fi
 done
-wait_all
+while [ -n "$(jobs -rp)" ]; do
+  wait -n || true
+  report_finished
+done
+wait || true
+report_finished
 
-echo "=== summary (${JOBS} side by side, $((SECONDS - started_all)) s in all):"
+echo "=== summary (${JOBS} side by side, environments included, $((SECONDS - started_all)) s in all):"
+for line in "${LINE_LIST[@]}"; do
+  read -r rc took < "$WORK/setup-$line.rc"
+  [ "$rc" = 0 ] || { echo "=== setup-$line: FAILED, $took s"; status=1; continue; }
+  echo "=== environment $line: $(cat "$WORK/venv-$line") ($([ "$took" = 0 ] && echo "matches its lock" || echo "built, $took s"))"
+done
+ran_cases=" "  # lines of which some job ran cases
+for i in "${order[@]}"; do
+  read -r rc took < "$WORK/${jobs_names[i - 1]}.rc"
+  [ "$rc" = 5 ] || ran_cases+="${jobs_lines[i - 1]} "
+done
 for i in "${order[@]}"; do
   name="${jobs_names[i - 1]}"
   read -r rc took < "$WORK/$name.rc"
   if [ "$rc" = 0 ]; then
     verdict="passed"
+  elif [ "$rc" = 5 ] && [ "$split" = 1 ] && [[ "$ran_cases" == *" ${jobs_lines[i - 1]} "* ]]; then
+    verdict="no case of this part selected (the line's other part ran)"
   elif [ "$rc" = 5 ]; then
     verdict="FAILED: pytest collected no tests"
     status=1
@@ -171,5 +253,7 @@ for i in "${order[@]}"; do
     status=1
   fi
   echo "=== $name: $verdict, $took s"
+  # Recorded for the default run only (a -m or -k run's jobs share its names but not its cases).
+  [ "$rc" != 0 ] || [ "$user_mark_set$split" != 01 ] || { mkdir -p "$VENV_ROOT" && echo "$name $took" >> "$TIMES"; } 2>/dev/null || true
 done
 exit "$status"

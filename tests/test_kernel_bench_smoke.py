@@ -31,22 +31,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _vllm_at_least(version: str) -> bool:
-    from importlib import metadata
-
-    try:
-        return Version(metadata.version("vllm")) >= Version(version)
-    except metadata.PackageNotFoundError:
-        return False
-
-
-# The scripts build vLLM's TRITON_ATTN contenders with get_kv_cache_shape, which vLLM 0.33 removed
-# (it lays caches out itself, create_kv_cache_views); strict, so porting them flips this to a failure.
-NOT_PORTED_TO_033 = pytest.mark.xfail(
-    _vllm_at_least("0.33"), reason="bench scripts: vLLM 0.33 contenders not ported yet", strict=True
-)
-
-
 def _vllm_loaded(payload: dict) -> bool:
     """The scripts record where vLLM's kernels came from (a dict), or the import error."""
     loaded = isinstance(payload["kernels"]["vllm"], dict)
@@ -110,7 +94,6 @@ def accuracy_payload(tmp_path_factory, cache_dir):
     return _run_script("kernel_accuracy", tmp_path_factory.mktemp("accuracy") / "accuracy.json", _child_env(cache_dir))
 
 
-@NOT_PORTED_TO_033
 def test_bench_smoke_structure_and_our_outputs(bench_payload):
     payload = bench_payload
     _check_meta(payload)
@@ -186,7 +169,6 @@ def test_fa3_line_smoke_skips_fa3_off_gpu_and_measures_our_error(tmp_path, cache
         assert set(case["time_ratios"]["eager"]) == {"ours_over_fa3", "ours_fa3_over_fa3", "vllm_bf16_over_fa3"}
 
 
-@NOT_PORTED_TO_033
 def test_accuracy_smoke_errors_are_finite_and_small(accuracy_payload):
     payload = accuracy_payload
     _check_meta(payload)

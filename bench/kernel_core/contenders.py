@@ -8,86 +8,10 @@ import contextlib
 import dataclasses
 import functools
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from .inputs import Geometry, PagedLayout, Step
-
-if TYPE_CHECKING:
-    from .session import Context
-
-
-def load_our_kernels() -> SimpleNamespace:
-    from govinda_patch.kernel_package import import_kernel
-
-    layout = import_kernel("int8_kv_layout")
-    store = import_kernel("int8_kv_store")
-    attention = import_kernel("int8_paged_attention")
-    try:
-        arch_key = import_kernel("launch_configs").arch_key()
-    except Exception as error:  # informational only
-        arch_key = f"unknown ({type(error).__name__}: {error})"
-    return SimpleNamespace(
-        layout=layout,
-        rotation=import_kernel("kv_rotation"),
-        store_kv_int8=store.store_kv_int8,
-        paged_attention_int8=attention.paged_attention_int8,
-        DecodeWorkspace=attention.DecodeWorkspace,
-        GatheredPrefill=getattr(attention, "GatheredPrefill", None),
-        # Optional helper (not part of the API contract): the split count a decode batch gets.
-        decode_splits_for=getattr(attention, "decode_splits_for", None),
-        arch_key=arch_key,
-    )
-
-
-def load_vllm() -> SimpleNamespace:
-    """vLLM's TRITON_ATTN backend pieces, plus whether this vLLM has int8_per_token_head."""
-    import inspect
-
-    import vllm
-    from vllm.v1.attention.backends import triton_attn
-
-    int8pth_reason = None
-    if "int8_per_token_head" not in getattr(
-        triton_attn.TritonAttentionBackend, "supported_kv_cache_dtypes", ()
-    ):
-        int8pth_reason = (
-            f"vLLM {vllm.__version__}: TritonAttentionBackend does not list "
-            "'int8_per_token_head' among its supported kv-cache dtypes"
-        )
-    else:
-        try:
-            from vllm.v1.kv_cache_interface import KVQuantMode
-
-            KVQuantMode.INT8_PER_TOKEN_HEAD  # noqa: B018 - presence check
-        except (ImportError, AttributeError) as error:
-            int8pth_reason = f"vLLM {vllm.__version__}: no KVQuantMode.INT8_PER_TOKEN_HEAD ({error})"
-
-    def where(obj: Any) -> str:
-        try:
-            return f"{inspect.getsourcefile(obj)}:{obj.__qualname__}"
-        except (TypeError, AttributeError):
-            return repr(obj)
-
-    provenance = {
-        "attention": where(triton_attn.TritonAttentionImpl.forward),
-        "attention_kernel_wrapper": where(triton_attn.unified_attention),
-        "store": where(triton_attn.TritonAttentionImpl.do_kv_cache_update),
-        "store_bf16_kernel_wrapper": where(triton_attn.triton_reshape_and_cache_flash),
-    }
-    if int8pth_reason is None:
-        provenance["store_int8pth_kernel_wrapper"] = where(
-            triton_attn.triton_reshape_and_cache_flash_per_token_head_quant
-        )
-        provenance["int8pth_scale_views"] = where(triton_attn.TritonAttentionImpl._ensure_scale_caches)
-    return SimpleNamespace(
-        version=vllm.__version__,
-        module=triton_attn,
-        backend=triton_attn.TritonAttentionBackend,
-        impl_cls=triton_attn.TritonAttentionImpl,
-        metadata_cls=triton_attn.TritonAttentionMetadata,
-        int8pth_unavailable_reason=int8pth_reason,
-        provenance=provenance,
-    )
+from .session import Context
 
 
 @contextlib.contextmanager
@@ -291,20 +215,46 @@ class VllmTritonContender:
         return _vllm_stride_order(self.vllm.backend, ndim)
 
     def allocate(self, layout: PagedLayout) -> None:
+        if hasattr(self.vllm.backend, "get_kv_cache_shape"):
+            self.kv_cache = self._cache_from_backend_shape(layout.num_blocks)
+        else:  # vLLM >= 0.33: the engine lays every cache out itself from the layer's spec
+            self.kv_cache = self._cache_from_spec_views(layout.num_blocks)
+        # The impl caches the per-token-head scale views of the first cache it sees.
+        self.impl = self._new_impl()
+        self.block_table = layout.block_table
+
+    def _cache_from_backend_shape(self, num_blocks: int):
+        """vLLM < 0.33: the backend's logical shape, allocated zeroed in its stride order."""
         import torch
 
         g = self.geometry
         shape = self.vllm.backend.get_kv_cache_shape(
-            layout.num_blocks, self.block_size, g.num_kv_heads, g.head_dim, cache_dtype_str=self.cache_dtype
+            num_blocks, self.block_size, g.num_kv_heads, g.head_dim, cache_dtype_str=self.cache_dtype
         )
         order, self.stride_order_source = self._stride_order(len(shape))
         physical = tuple(shape[i] for i in order)
         inverse = [order.index(i) for i in range(len(order))]
-        # vLLM allocates caches zeroed and views them in the backend's stride order.
-        self.kv_cache = torch.zeros(physical, dtype=self.torch_dtype, device=self.device).permute(*inverse)
-        # The impl caches the per-token-head scale views of the first cache it sees.
-        self.impl = self._new_impl()
-        self.block_table = layout.block_table
+        return torch.zeros(physical, dtype=self.torch_dtype, device=self.device).permute(*inverse)
+
+    def _cache_from_spec_views(self, num_blocks: int):
+        """vLLM >= 0.33: the layer's FullAttentionSpec (packed by the backend's customize_spec), the
+        layout the backend prefers, and vLLM's own create_kv_cache_views over a zeroed int8 buffer
+        (one layer, so a page per block)."""
+        import torch
+        from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheTensor, create_kv_cache_views, get_kv_quant_mode
+
+        g = self.geometry
+        spec = self.vllm.backend.customize_spec(FullAttentionSpec(
+            block_size=self.block_size, num_kv_heads=g.num_kv_heads, head_size=g.head_dim,
+            dtype=self.torch_dtype, kv_quant_mode=get_kv_quant_mode(self.cache_dtype)))
+        kv_layout = get_supported_kv_cache_layouts([self.vllm.backend])[0]
+        self.stride_order_source = f"create_kv_cache_views, layout {kv_layout.name}"
+        page = spec.page_size_bytes
+        raw = torch.zeros(num_blocks * page, dtype=torch.int8, device=self.device)
+        placement = KVCacheTensor(size=raw.numel(), layers=["bench"], layer_stride=num_blocks * page, block_stride=page)
+        (view,) = create_kv_cache_views(raw, spec, num_blocks, kv_layout, placement)
+        return view
 
     def release(self) -> None:
         self.kv_cache = None

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from .contenders import load_our_kernels, load_vllm
 from .inputs import FA3_GEOMETRIES, QWEN35_27B, SMOKE_GEOMETRY, Geometry
+from .loaders import load_our_kernels, load_vllm
 from .records import START, log, write_json
 from .timing import Timer
 
