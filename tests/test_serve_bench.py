@@ -55,7 +55,7 @@ def get_json(url: str):
     return openai_http.http_json(url, None, timeout_s=5)
 
 
-def wait_for_health(port: int, proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
+def wait_for_health(port: int, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert proc.poll() is None, "fake server exited during start-up"
