@@ -122,7 +122,7 @@ run_pytest() {  # line, then pytest arguments
   local venv
   venv="$(cat "$WORK/venv-$line")"
   echo "--- vLLM $line ($venv): pytest $(printf '%q ' "$@")"
-  cd "$REPO" && "$venv/bin/python" -m pytest tests -q -p no:cacheprovider "$@"
+  cd "$REPO" && "$venv/bin/python" -m pytest tests -q -p no:cacheprovider --durations=15 "$@"
 }
 jobs_names=()
 jobs_lines=()
