@@ -19,6 +19,7 @@ for everything when ``GOVINDA_TEST_FRESH_CHILDREN=1``.
 from __future__ import annotations
 
 import builtins
+import gc
 import importlib
 import importlib.machinery
 import json
@@ -46,6 +47,14 @@ PER_CHILD_PREFIXES = ("GOVINDA_", "VLLM_")
 PER_CHILD = {"PYTHONPATH", "CUDA_VISIBLE_DEVICES", "PYTEST_CURRENT_TEST"}
 # Modules the server must not hold: ours, and vLLM (the overlay hooks its import).
 NOT_PRELOADED = ("vllm", "govinda_patch", "sitecustomize", "bench", "amdsmi")
+# Stock vLLM modules a probe child imports (no overlay on its path) to learn which other modules
+# they pull in; the server then imports those too, so a child's ``import vllm`` finds them loaded.
+# The patch targets of patches.yaml and what the cases import most; one that fails is skipped.
+PROBED_VLLM_MODULES = ("vllm", "vllm.config", "vllm.engine.arg_utils", "vllm.platforms", "vllm.platforms.cuda",
+                       "vllm.platforms.interface", "vllm.v1.attention.backends.registry",
+                       "vllm.v1.attention.backends.triton_attn", "vllm.model_executor.models.config",
+                       "vllm.model_executor.layers.attention.attention", "vllm.v1.kv_cache_interface",
+                       "vllm.v1.core.kv_cache_utils", "vllm.config.vllm")
 
 
 def _is_per_child(name: str) -> bool:
@@ -131,6 +140,7 @@ def serve() -> None:
         except ImportError:
             pass
     sys.path.remove(str(REPO))
+    _preload_what_vllm_imports()
     # What the preloads picked up from the checkout (transformers imports our ``kernels``
     # namespace to see it is not the HF package) is imported again by each child, on its own path.
     for name in [n for n, m in list(sys.modules.items()) if _from_checkout(m)]:
@@ -139,6 +149,9 @@ def serve() -> None:
     if held:
         raise RuntimeError(f"the warm interpreter must not import {held}")
     protocol_in, protocol_out = sys.stdin, sys.stdout
+    # What is loaded now stays untouched by the collector, so forked children share its pages.
+    gc.collect()
+    gc.freeze()
     print(json.dumps({"ready": True}), file=protocol_out, flush=True)
     for line in protocol_in:
         request = json.loads(line)
@@ -149,6 +162,66 @@ def serve() -> None:
         print(json.dumps({"pid": pid}), file=protocol_out, flush=True)
         _, status = os.waitpid(pid, 0)
         print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), file=protocol_out, flush=True)
+
+
+def _preload_what_vllm_imports() -> None:
+    """Import what stock vLLM imports, vLLM itself left out.
+
+    A forked probe imports ``PROBED_VLLM_MODULES`` and reports the modules that came with them
+    and the environment variables vLLM's import set (some libraries read those when imported).
+    The server imports the reported modules with those variables in force, then restores its
+    environment, which every child replaces with its own anyway. A probe that fails preloads
+    nothing more.
+    """
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the probe
+        os.close(read_end)
+        code = 1
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)  # vLLM logs to stdout, the protocol's channel
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            before, environ = set(sys.modules), dict(os.environ)
+            for name in PROBED_VLLM_MODULES:
+                try:
+                    importlib.import_module(name)
+                except Exception:
+                    pass
+            loaded = [name for name, module in list(sys.modules.items())
+                      if name not in before and name.split(".")[0] not in NOT_PRELOADED
+                      and module is not None and not _from_checkout(module)]
+            changed = {k: v for k, v in os.environ.items() if environ.get(k) != v}
+            with os.fdopen(write_end, "w") as out:
+                json.dump({"modules": loaded, "environ": changed}, out)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end) as reply:
+        text = reply.read()
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0 or not text:
+        return
+    probe = json.loads(text)
+    saved = dict(os.environ)
+    os.environ.update(probe["environ"])
+    protocol = os.dup(1)
+    os.dup2(2, 1)  # whatever an import prints stays off the protocol's channel
+    try:
+        for name in probe["modules"]:
+            if name in sys.modules:
+                continue
+            try:
+                importlib.import_module(name)
+            except Exception:
+                pass
+    finally:
+        sys.stdout.flush()
+        os.dup2(protocol, 1)
+        os.close(protocol)
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _from_checkout(module) -> bool:
