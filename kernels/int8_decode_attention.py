@@ -10,11 +10,10 @@ kernel writes the output itself.
 
 Registers decide how many programs an SM / CU keeps in flight, and with them how many KV bytes
 are requested at a time, so head_dim is cut into ``D_SLICE``-wide slices (at most four): each
-slice of K is converted and multiplied on its own (``S^T += K_j Q_j^T``), each slice of V feeds
-its own accumulator (``O_j^T += V_j^T P^T``). The tile's K and V bytes are requested by one load
-and cut into slices in registers, so a tile costs one memory latency, not one per slice; the
-softmax sum stays per (token, head) until the end, so a tile needs one cross-warp reduction.
-No tile is ever converted whole to a wider dtype.
+slice of K is loaded, converted and multiplied on its own (``S^T += K_j Q_j^T``), each slice of
+V feeds its own accumulator (``O_j^T += V_j^T P^T``). A whole-head tile's K and V come in one
+load (one memory latency per tile) and its softmax sum stays per (token, head) until the end
+(one cross-warp reduction per tile). No tile is ever converted whole to a wider dtype.
 Launched with ``num_stages > 1`` the tile loop is software-pipelined by Triton: cp.async into
 shared memory on NVIDIA, the stream pipeliner's LDS buffers on AMD.
 
@@ -123,28 +122,18 @@ def _query_slice(query_ptr, token, heads, col_valid, stride_q_token, stride_q_he
 
 
 @triton.jit
-def _slices(x, BLOCK_N: tl.constexpr, D_SLICE: tl.constexpr, NUM_SLICES: tl.constexpr):
-    """Columns ``[j * D_SLICE, (j + 1) * D_SLICE)`` of ``x [BLOCK_N, NUM_SLICES * D_SLICE]``, j = 0..3."""
-    if NUM_SLICES == 1:
-        return x, x, x, x
-    elif NUM_SLICES == 2:
-        a, b = tl.split(tl.permute(tl.reshape(x, [BLOCK_N, 2, D_SLICE]), [0, 2, 1]))
-        return a, b, a, b
-    else:
-        pairs = tl.reshape(tl.permute(tl.reshape(x, [BLOCK_N, 4, D_SLICE]), [0, 2, 1]), [BLOCK_N, D_SLICE, 2, 2])
-        low, high = tl.split(pairs)  # slices {0, 2} and {1, 3}
-        a, c = tl.split(low)
-        b, d = tl.split(high)
-        return a, b, c, d
-
-
-@triton.jit
-def _scores_slice(s_t, k, q_t, DOT_DTYPE: tl.constexpr, UPCAST_DOT: tl.constexpr):
+def _scores_slice(s_t, k, k_ptrs, valid, q_t, j: tl.constexpr, D_SLICE: tl.constexpr, ONE_LOAD: tl.constexpr,
+                  DOT_DTYPE: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    if not ONE_LOAD:
+        k = tl.load(k_ptrs + j * D_SLICE, mask=valid[:, None], other=0)  # int8 [BLOCK_N, D_SLICE]
     return tl.dot(dot_operand(k, DOT_DTYPE, UPCAST_DOT), q_t, s_t)
 
 
 @triton.jit
-def _values_slice(acc_t, v, p_t, alpha, DOT_DTYPE: tl.constexpr, UPCAST_DOT: tl.constexpr):
+def _values_slice(acc_t, v, v_ptrs, valid, p_t, alpha, j: tl.constexpr, D_SLICE: tl.constexpr, ONE_LOAD: tl.constexpr,
+                  DOT_DTYPE: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    if not ONE_LOAD:
+        v = tl.load(v_ptrs + j * D_SLICE, mask=valid[:, None], other=0)  # int8 [BLOCK_N, D_SLICE]
     return tl.dot(tl.trans(dot_operand(v, DOT_DTYPE, UPCAST_DOT)), p_t, acc_t * alpha[None, :])
 
 
@@ -258,14 +247,18 @@ def decode_split_kernel(
         q3 = dot_operand(r3, DOT_DTYPE, UPCAST_DOT)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     l_t = tl.zeros([BLOCK_N, GROUP_PAD], dtype=tl.float32)
     acc0 = tl.zeros([D_SLICE, GROUP_PAD], dtype=tl.float32)
     acc1 = acc0
     acc2 = acc0
     acc3 = acc0
     block_table_row = block_table_ptr + seq.to(tl.int64) * stride_block_table
-    head_dims = tl.arange(0, HEAD_DIM)
+    slice_dims = tl.arange(0, D_SLICE)
     kv_offsets = tl.arange(0, 2) * V_DATA_OFFSET
+    # A whole-head tile is requested in one load; sliced ones slice by slice, where each
+    # product waits (reports/h200/decode-bandwidth.md: at D=256 that measured faster at batch 1).
+    ONE_LOAD: tl.constexpr = NUM_SLICES == 1
     for tile in range(tile_lo, tile_hi):  # software-pipelined when launched with num_stages > 1
         # Every token is looked up in the block table on its own, so a tile may straddle pages
         # (block sizes need not be multiples of the tile); a page holds one head's tokens as
@@ -278,42 +271,46 @@ def decode_split_kernel(
         k_scale = tl.load(cache_f32_ptr + scale_offsets + K_SCALE_OFFSET_F32, mask=valid, other=0.0)
         v_scale = tl.load(cache_f32_ptr + scale_offsets + V_SCALE_OFFSET_F32, mask=valid, other=0.0)
         data_offsets = block * stride_cache_block + row * HEAD_DIM
-        # K and V of the whole tile in one load, cut in slices only afterwards: Triton places
-        # the layout conversion behind a dot operand right after the op that produced the
-        # value, and that conversion waits for the data, so separate loads (per slice, or K
-        # then V) would be issued one arrival after another.
-        kv_ptrs = (cache_ptr + data_offsets[:, None, None] + kv_offsets[None, :, None]
-                   + head_dims[None, None, :])
-        kv_tile = tl.load(kv_ptrs, mask=valid[:, None, None], other=0)  # int8 [BLOCK_N, 2, HEAD_DIM]
-        k_tile, v_tile = tl.split(tl.permute(kv_tile, [0, 2, 1]))
-        k0, k1, k2, k3 = _slices(k_tile, BLOCK_N, D_SLICE, NUM_SLICES)
-        v0, v1, v2, v3 = _slices(v_tile, BLOCK_N, D_SLICE, NUM_SLICES)
+        k_ptrs = cache_ptr + data_offsets[:, None] + slice_dims[None, :]
+        v_ptrs = k_ptrs + V_DATA_OFFSET
+        k_tile = tl.zeros([BLOCK_N, D_SLICE], dtype=tl.int8)
+        v_tile = k_tile
+        if ONE_LOAD:
+            # K and V in one load: Triton places the layout conversion behind a dot operand
+            # right after the op that produced the value, and that conversion waits for the
+            # data, so a separate V load would be issued only once K has arrived.
+            kv_tile = tl.load(k_ptrs[:, None, :] + kv_offsets[None, :, None], mask=valid[:, None, None], other=0)
+            k_tile, v_tile = tl.split(tl.permute(kv_tile, [0, 2, 1]))  # int8 [BLOCK_N, HEAD_DIM] each
 
         s_t = tl.zeros([BLOCK_N, GROUP_PAD], dtype=tl.float32)
-        s_t = _scores_slice(s_t, k0, q0, DOT_DTYPE, UPCAST_DOT)
+        s_t = _scores_slice(s_t, k_tile, k_ptrs, valid, q0, 0, D_SLICE, ONE_LOAD, DOT_DTYPE, UPCAST_DOT)
         if NUM_SLICES > 1:
-            s_t = _scores_slice(s_t, k1, q1, DOT_DTYPE, UPCAST_DOT)
+            s_t = _scores_slice(s_t, k_tile, k_ptrs, valid, q1, 1, D_SLICE, ONE_LOAD, DOT_DTYPE, UPCAST_DOT)
         if NUM_SLICES > 2:
-            s_t = _scores_slice(s_t, k2, q2, DOT_DTYPE, UPCAST_DOT)
-            s_t = _scores_slice(s_t, k3, q3, DOT_DTYPE, UPCAST_DOT)
+            s_t = _scores_slice(s_t, k_tile, k_ptrs, valid, q2, 2, D_SLICE, ONE_LOAD, DOT_DTYPE, UPCAST_DOT)
+            s_t = _scores_slice(s_t, k_tile, k_ptrs, valid, q3, 3, D_SLICE, ONE_LOAD, DOT_DTYPE, UPCAST_DOT)
         s_t = s_t * (k_scale * qk_scale)[:, None]
         s_t = tl.where(valid[:, None], s_t, float("-inf"))
         # Every tile of a split's range holds a valid position, so m_new is finite.
         m_new = tl.maximum(m_i, tl.max(s_t, axis=0))
         alpha = tl.exp2(m_i - m_new)
         p_t = tl.exp2(s_t - m_new[None, :])
-        # The softmax sum stays per (token, head) until the end: one cross-warp reduction
-        # per tile (the max) instead of two.
-        l_t = l_t * alpha[None, :] + p_t
+        if ONE_LOAD:
+            # The softmax sum stays per (token, head) until the end: one cross-warp reduction
+            # per tile (the max) instead of two. Sliced tiles keep a register for it instead.
+            l_t = l_t * alpha[None, :] + p_t
+        else:
+            l_i = l_i * alpha + tl.sum(p_t, axis=0)
         p_t = dot_operand(p_t * v_scale[:, None], DOT_DTYPE, UPCAST_DOT)
-        acc0 = _values_slice(acc0, v0, p_t, alpha, DOT_DTYPE, UPCAST_DOT)
+        acc0 = _values_slice(acc0, v_tile, v_ptrs, valid, p_t, alpha, 0, D_SLICE, ONE_LOAD, DOT_DTYPE, UPCAST_DOT)
         if NUM_SLICES > 1:
-            acc1 = _values_slice(acc1, v1, p_t, alpha, DOT_DTYPE, UPCAST_DOT)
+            acc1 = _values_slice(acc1, v_tile, v_ptrs, valid, p_t, alpha, 1, D_SLICE, ONE_LOAD, DOT_DTYPE, UPCAST_DOT)
         if NUM_SLICES > 2:
-            acc2 = _values_slice(acc2, v2, p_t, alpha, DOT_DTYPE, UPCAST_DOT)
-            acc3 = _values_slice(acc3, v3, p_t, alpha, DOT_DTYPE, UPCAST_DOT)
+            acc2 = _values_slice(acc2, v_tile, v_ptrs, valid, p_t, alpha, 2, D_SLICE, ONE_LOAD, DOT_DTYPE, UPCAST_DOT)
+            acc3 = _values_slice(acc3, v_tile, v_ptrs, valid, p_t, alpha, 3, D_SLICE, ONE_LOAD, DOT_DTYPE, UPCAST_DOT)
         m_i = m_new
-    l_i = tl.sum(l_t, axis=0)
+    if ONE_LOAD:
+        l_i = tl.sum(l_t, axis=0)
 
     if ROTATE:
         # Rotated normalised (bounded by the values, whatever the dtype of the halves), then

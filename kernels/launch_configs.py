@@ -156,7 +156,7 @@ ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = MappingProxyType({
         decode={
             64: KernelConfig(block_n=128, num_warps=4, num_stages=1),
             128: KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=128, max_registers=128),
-            256: KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=128, max_registers=168),
+            256: KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=128, max_registers=128),
         },
         # block_m >= max_splits: the reduce reads all splits in one pass.
         reduce=KernelConfig(block_m=256, block_n=32, num_warps=4),
@@ -413,7 +413,6 @@ def _cuda_candidates(head_dim: int) -> TuningCandidates:
     # fourth 4-warp program fit on an SM, and the cp.async-pipelined loop.
     decode = (
         KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=128, max_registers=128),
-        KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=128, max_registers=168),
         KernelConfig(block_n=128, num_warps=4, num_stages=1, d_slice=64, max_registers=128),
         KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=64),
         KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=128),
