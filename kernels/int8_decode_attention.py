@@ -273,7 +273,7 @@ def decode_split_kernel(
         data_offsets = block * stride_cache_block + row * HEAD_DIM
         k_ptrs = cache_ptr + data_offsets[:, None] + slice_dims[None, :]
         v_ptrs = k_ptrs + V_DATA_OFFSET
-        k_tile = tl.zeros([BLOCK_N, D_SLICE], dtype=tl.int8)
+        k_tile = tl.zeros([BLOCK_N, D_SLICE], dtype=tl.int8)  # sliced tiles load inside the products
         v_tile = k_tile
         if ONE_LOAD:
             # K and V in one load: Triton places the layout conversion behind a dot operand
@@ -297,7 +297,8 @@ def decode_split_kernel(
         p_t = tl.exp2(s_t - m_new[None, :])
         if ONE_LOAD:
             # The softmax sum stays per (token, head) until the end: one cross-warp reduction
-            # per tile (the max) instead of two. Sliced tiles keep a register for it instead.
+            # per tile (the max) instead of two. Sliced tiles sum per head: the extra
+            # [BLOCK_N, GROUP_PAD] accumulator spills under their 128-register cap.
             l_t = l_t * alpha[None, :] + p_t
         else:
             l_i = l_i * alpha + tl.sum(p_t, axis=0)
