@@ -12,7 +12,11 @@ bit for bit.
 
 Grid ``(num_seqs, cdiv(max_seqlen_k, BLOCK_T), num_kv_heads)``: ``max_seqlen_k`` is a host
 integer the caller already has (no device read to size the launch); programs past their
-sequence's end return at once.
+sequence's end return at once. The sequences are rows ``first_seq...`` of the batch's own
+``seq_lens`` / ``block_table``, passed whole with ``first_seq`` as an unspecialized integer:
+sliced tensors would move the base pointers off their 16-byte alignment whenever the number of
+decodes ahead of the prefills is not a multiple of four, and Triton would compile another
+specialization while a request waits.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ def _rounded(x, OUT_BF16: tl.constexpr):
     return rounded
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["first_seq"])
 def _gather_kv_kernel(
     cache_ptr,
     cache_f32_ptr,
@@ -55,6 +59,7 @@ def _gather_kv_kernel(
     cu_seqlens_k_ptr,
     key_out_ptr,
     value_out_ptr,
+    first_seq,
     stride_cache_block,
     stride_cache_block_f32,
     stride_block_table,
@@ -71,16 +76,17 @@ def _gather_kv_kernel(
     ROTATION_NORM: tl.constexpr,
     OUT_BF16: tl.constexpr,  # outputs are int16 views of bf16 tensors
 ):
-    seq = tl.program_id(0)
+    seq = tl.program_id(0)  # the output's sequence; the batch's is first_seq + seq
     tile = tl.program_id(1)
     kv_head = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + seq)
+    batch_seq = (first_seq + seq).to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + batch_seq)
     if tile * BLOCK_T >= seq_len:
         return
     positions = tile * BLOCK_T + tl.arange(0, BLOCK_T)
     valid = positions < seq_len
     dims = tl.arange(0, HEAD_DIM)
-    block = tl.load(block_table_ptr + seq.to(tl.int64) * stride_block_table + positions // BLOCK_SIZE, mask=valid, other=0)
+    block = tl.load(block_table_ptr + batch_seq * stride_block_table + positions // BLOCK_SIZE, mask=valid, other=0)
     block = block.to(tl.int64)
     row = kv_head * BLOCK_SIZE + positions % BLOCK_SIZE  # (head, token) row inside the page
     data = cache_ptr + (block * stride_cache_block + row * HEAD_DIM)[:, None] + dims[None, :]
@@ -122,17 +128,21 @@ def gather_kv_int8(
     rotation: str = NONE,
     block_t: int = DEFAULT_BLOCK_T,
     launch_kwargs: dict | None = None,
+    first_seq: int = 0,
 ) -> None:
-    """Write the dequantized K/V of every sequence of ``seq_lens`` into ``key_out``/``value_out``.
+    """Write the dequantized K/V of sequences ``first_seq ..`` of ``seq_lens`` into ``key_out``/``value_out``.
 
-    ``block_table``/``seq_lens``/``cu_seqlens_k`` are device tensors of those sequences only
-    (``cu_seqlens_k`` has ``num_seqs + 1`` entries); ``max_seqlen_k`` must bound ``seq_lens``.
+    ``block_table``/``seq_lens`` are device tensors of the batch (rows ``first_seq`` on are
+    gathered); ``cu_seqlens_k`` has ``num_seqs + 1`` entries for the gathered sequences only;
+    ``max_seqlen_k`` must bound their lengths.
     """
     rotate = check_rotation(rotation)
     head_dim = key_out.shape[-1]
     _check_outputs(key_out, value_out, num_kv_heads, head_dim)
-    num_seqs = seq_lens.shape[0]
-    if num_seqs == 0 or max_seqlen_k <= 0:
+    num_seqs = seq_lens.shape[0] - first_seq
+    if first_seq < 0 or block_table.shape[0] < seq_lens.shape[0]:
+        raise ValueError(f"first_seq {first_seq} / block_table rows {block_table.shape[0]} do not fit {seq_lens.shape[0]} sequences")
+    if num_seqs <= 0 or max_seqlen_k <= 0:
         return
     offsets = page_offsets(block_size, num_kv_heads, head_dim)
     cache_f32 = float32_view(kv_cache)
@@ -147,6 +157,7 @@ def gather_kv_int8(
         cu_seqlens_k,
         key_out,
         value_out,
+        first_seq,
         kv_cache.stride(0),
         cache_f32.stride(0),
         block_table.stride(0),

@@ -325,9 +325,9 @@ def _gathered_prefill(
     # Transient: mixed batches are never captured as full CUDA graphs (the builder's support level).
     keys, values = torch.empty((2, plan.total_k, num_kv_heads, head_dim), dtype=query.dtype, device=query.device)
     gather_kv_int8(
-        kv_cache, block_table[num_decodes:], seq_lens[num_decodes:], plan.cu_seqlens_k, keys, values,
+        kv_cache, block_table, seq_lens, plan.cu_seqlens_k, keys, values,
         block_size=block_size, num_kv_heads=num_kv_heads, max_seqlen_k=plan.max_seqlen_k, rotation=rotation,
-        block_t=configs.gather.block_n, launch_kwargs=configs.gather.launch_kwargs(),
+        block_t=configs.gather.block_n, launch_kwargs=configs.gather.launch_kwargs(), first_seq=num_decodes,
     )
     # Decodes are one token each, so the prefills' rows start at row num_decodes.
     rows = slice(num_decodes, num_decodes + plan.num_prefill_tokens)

@@ -85,11 +85,14 @@ class KernelConfig:
 
 @dataclass(frozen=True)
 class DecodeSplitPolicy:
-    """How many KV splits a decode gets: enough programs to fill the GPU, within bounds.
+    """How many KV splits a decode gets: as many programs as the GPU holds at once, within bounds.
 
-    ``num_splits = clamp(ceil(programs_per_sm * sm_count / (num_decodes * num_kv_heads)),
-    1, max_splits)``; inside the kernel each split covers at least ``min_tiles_per_split``
-    KV tiles, so short sequences use fewer splits (less partial-result traffic).
+    ``num_splits = clamp(floor(programs_per_sm * sm_count / (num_decodes * num_kv_heads)),
+    1, max_splits)``. Rounded down, not up: one program more than the GPU holds makes a second
+    wave that costs a whole split's time (H200, Qwen3.5 32 x 4K: 5 splits took 160 us, 4 would
+    fit one wave; reports/h200/decode-bandwidth.md). Inside the kernel each split covers at least
+    ``min_tiles_per_split`` KV tiles, so short sequences use fewer splits (less partial-result
+    traffic).
     """
 
     programs_per_sm: int = 4
@@ -325,7 +328,7 @@ def decode_num_splits(
         per_sm = policy.batched_programs_per_sm
     programs_wanted = per_sm * num_sms
     per_split = max(num_decodes * num_kv_heads, 1)
-    splits = -(-programs_wanted // per_split)
+    splits = programs_wanted // per_split  # see DecodeSplitPolicy: never a partial second wave
     return max(1, min(splits, policy.max_splits))
 
 

@@ -31,7 +31,7 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
-from . import counters, prefill_kernel, tuner
+from . import counters, prefill_kernel, prefill_warmup, tuner
 from ..kernel_package import import_kernel
 from ..settings import kv_rotation
 from .kv_spec import BACKEND_NAME, SUPPORTED_HEAD_SIZES, check_hybrid_pages, int8_spec_for, model_head_size
@@ -91,6 +91,7 @@ class GovindaInt8Metadata:
     workspace: object
     launch_configs: object = None  # the builder's (possibly tuned) kernels/launch_configs table
     gathered_prefill: object = None  # kernels' GatheredPrefill when prefills go to gather + FA3
+    prefill_varlen: object = None  # the builder's varlen kernel for gathered prefills (None: Triton)
 
 
 class GovindaInt8MetadataBuilder(AttentionMetadataBuilder[GovindaInt8Metadata]):
@@ -183,6 +184,7 @@ class GovindaInt8MetadataBuilder(AttentionMetadataBuilder[GovindaInt8Metadata]):
             workspace=self.workspace,
             launch_configs=self.launch_configs,
             gathered_prefill=gathered,
+            prefill_varlen=self.prefill.varlen_attention,
         )
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata):
@@ -318,6 +320,20 @@ class GovindaInt8AttentionImpl(AttentionImpl):
         # Read once per layer from the environment, which every process of the server shares;
         # the store and the attention kernels must use the same one.
         self.kv_rotation = kv_rotation()
+        self._prefill_warmed = False
+
+    def _warm_prefill(self, query, kv_cache, attn_metadata: GovindaInt8Metadata) -> None:
+        """Compile the prefill path in vLLM's warm-up (govinda_patch/int8/prefill_warmup.py)."""
+        self._prefill_warmed = True
+        try:
+            prefill_warmup.warm_prefill(
+                query, kv_cache, attn_metadata.block_table, block_size=self._block_size(kv_cache),
+                num_kv_heads=self.num_kv_heads, softmax_scale=self.scale, configs=attn_metadata.launch_configs,
+                rotation=self.kv_rotation, varlen=attn_metadata.prefill_varlen,
+            )
+        except Exception as exc:  # the first real prefill then compiles (and reports) it itself
+            logger.warning("INT8 prefill warm-up failed (%s: %s); the first prefill compiles its kernels",
+                           type(exc).__name__, str(exc)[:200])
 
     def _block_size(self, kv_cache: torch.Tensor) -> int:
         return kv_cache.shape[1] // self._page_bytes_per_token
@@ -348,6 +364,8 @@ class GovindaInt8AttentionImpl(AttentionImpl):
         if attn_metadata is None:  # profiling run
             return output.fill_(0)
         kv_cache = as_page_rows(kv_cache)
+        if not self._prefill_warmed and query.is_cuda and not torch.cuda.is_current_stream_capturing():
+            self._warm_prefill(query, kv_cache, attn_metadata)
         num_tokens = attn_metadata.num_actual_tokens
         _attention.paged_attention_int8(
             query[:num_tokens],

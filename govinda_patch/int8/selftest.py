@@ -187,8 +187,8 @@ def _check_kernels(torch, device, rotation: str) -> dict:
         keys = torch.empty((plan.total_k, num_kv_heads, head_dim), dtype=dtype, device=device)
         values = torch.empty_like(keys)
         gather.gather_kv_int8(
-            cache, block_table[1:], seq_lens_t[1:], plan.cu_seqlens_k, keys, values, block_size=block_size,
-            num_kv_heads=num_kv_heads, max_seqlen_k=plan.max_seqlen_k, rotation=rotation,
+            cache, block_table, seq_lens_t, plan.cu_seqlens_k, keys, values, block_size=block_size,
+            num_kv_heads=num_kv_heads, max_seqlen_k=plan.max_seqlen_k, rotation=rotation, first_seq=1,
         )
         ref_k, ref_v = gather.gather_kv_reference(
             cache.cpu(), block_table[1:].cpu(), prefill_lens, block_size=block_size, num_kv_heads=num_kv_heads,

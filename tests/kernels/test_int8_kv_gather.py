@@ -61,6 +61,35 @@ def test_gather_is_bit_exact_against_the_reference(head_dim, block_size, dtype, 
         assert error < 0.05 * original_k.float().abs().max().item()
 
 
+def test_gather_from_a_later_row_of_the_batch():
+    # The prefills follow the decodes: rows first_seq.. of the batch's own seq_lens / block table
+    # (passed whole, so the kernel's pointer specialization does not depend on the decode count).
+    seq_lens = [9, 3, 40, 17]
+    batch = Batch(
+        num_q_heads=2, num_kv_heads=2, head_dim=64, block_size=16, query_lens=[1, 1, 1, 5],
+        seq_lens=seq_lens, num_decodes=3, dtype=torch.bfloat16,
+    )
+    for first_seq in (1, 3):
+        gathered = seq_lens[first_seq:]
+        keys = torch.full((sum(gathered), 2, 64), SENTINEL, dtype=torch.bfloat16)
+        values = torch.full_like(keys, SENTINEL)
+        gather.gather_kv_int8(
+            batch.kv_cache, batch.block_table, batch.seq_lens_tensor, cu_seqlens(gathered), keys, values,
+            block_size=16, num_kv_heads=2, max_seqlen_k=max(gathered), first_seq=first_seq,
+            block_t=launch_configs.ARCH_TABLES["interpreter"].gather.block_n,
+        )
+        ref_k, ref_v = gather.gather_kv_reference(
+            batch.kv_cache, batch.block_table[first_seq:], gathered, block_size=16, num_kv_heads=2, head_dim=64,
+            dtype=torch.bfloat16,
+        )
+        assert torch.equal(keys, ref_k) and torch.equal(values, ref_v)
+    with pytest.raises(ValueError, match="first_seq"):
+        gather.gather_kv_int8(
+            batch.kv_cache, batch.block_table[:2], batch.seq_lens_tensor, cu_seqlens(seq_lens[1:]), keys, values,
+            block_size=16, num_kv_heads=2, max_seqlen_k=40, first_seq=1,
+        )
+
+
 def test_gather_rejects_mismatched_outputs():
     batch = Batch(num_q_heads=2, num_kv_heads=2, head_dim=64, block_size=16, query_lens=[2], seq_lens=[4], num_decodes=0)
     keys = torch.empty((4, 2, 64), dtype=torch.bfloat16)

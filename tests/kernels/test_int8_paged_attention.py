@@ -322,7 +322,9 @@ def test_preallocated_workspace_is_reused_and_checked():
     assert_matches_reference(batch, output)
     assert (buffer[:, :, 64:] == SENTINEL).all()
 
-    too_small = attention.DecodeWorkspace.allocate(1, 4, 64, torch.device("cpu"), num_kv_heads=1)
+    # One (decode, split) entry short of what this batch needs.
+    needed = 3 * attention.decode_splits_for(3, 1, torch.device("cpu"))
+    too_small = attention.DecodeWorkspace.with_entries(needed - 1, 4, 64, torch.device("cpu"))
     with pytest.raises(ValueError, match="workspace"):
         batch.run(workspace=too_small)
 
@@ -377,8 +379,9 @@ def test_split_policy_fills_the_gpu_and_can_differ_for_batched_steps():
     sms, kv_heads = 132, 4
     single = launch_configs.decode_num_splits(1, kv_heads, sms, policy)
     batched = launch_configs.decode_num_splits(8, kv_heads, sms, policy)
-    assert single * kv_heads >= 2 * sms > (single - 1) * kv_heads  # ceil of 2 programs per SM
-    assert batched * 8 * kv_heads >= 4 * sms > (batched - 1) * 8 * kv_heads
+    # As many programs as fit at once, never one more (a partial second wave).
+    assert single * kv_heads <= 2 * sms < (single + 1) * kv_heads
+    assert batched * 8 * kv_heads <= 4 * sms < (batched + 1) * 8 * kv_heads
     same = launch_configs.DecodeSplitPolicy(programs_per_sm=2, max_splits=256)
     assert launch_configs.decode_num_splits(8, kv_heads, sms, same) < batched
     capped = launch_configs.DecodeSplitPolicy(programs_per_sm=64, max_splits=16)
