@@ -243,7 +243,9 @@ def _launch_decode(
         HEAD_DIM=head_dim,
         BLOCK_N=config.block_n,
         MIN_TILES_PER_SPLIT=configs.decode_splits.min_tiles_per_split,
-        SPLIT_CHUNK=min(triton.next_power_of_2(num_splits), reduce.block_m),
+        # Fixed, not sized to num_splits: a constexpr that followed the decode count would compile
+        # a new reduce kernel for each mixed batch's count, while a request waits.
+        SPLIT_CHUNK=reduce.block_m,
         BLOCK_D=block_d,
         **reduce.launch_kwargs(),
     )
