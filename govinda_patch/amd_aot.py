@@ -199,12 +199,13 @@ def _stderr_to(path: str):
             os.close(saved)
 
 
-def compile_launch(launch: CapturedLaunch, arch: str):
-    """Compile one recorded launch for ``arch`` the way ``JITFunction.run`` would on that device."""
-    import triton
+def bind_launch(launch: CapturedLaunch, arch: str):
+    """What ``JITFunction.run`` would key its compile on for ``arch``: the target and
+    ``(options, signature, constexprs, attrs)`` (attrs hold the argument specializations, e.g.
+    16-byte pointer alignment); equal bindings reuse one compiled kernel."""
     from triton import knobs
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
+    from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
 
     fn = launch.fn
@@ -215,8 +216,16 @@ def compile_launch(launch: CapturedLaunch, arch: str):
     kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound_args, specialization, options = binder(*launch.args, **kwargs)
-    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound_args, specialization, options)
-    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+    return target, fn._pack_args(backend, kwargs, bound_args, specialization, options)
+
+
+def compile_launch(launch: CapturedLaunch, arch: str):
+    """Compile one recorded launch for ``arch`` the way ``JITFunction.run`` would on that device."""
+    import triton
+    from triton.compiler import ASTSource
+
+    target, (options, signature, constexprs, attrs) = bind_launch(launch, arch)
+    return triton.compile(ASTSource(launch.fn, signature, constexprs, attrs), target=target, options=options.__dict__)
 
 
 def _diagnostic(text: str) -> str:

@@ -142,3 +142,57 @@ def test_committed_report_passes_and_covers_the_table():
             assert labels["prefill"] == table.prefill_config(head_dim).label
             assert labels["decode_split"] == table.decode_config(head_dim).label
             assert all(r["status"] == "ok" for r in rows)
+
+
+def test_mixed_batches_of_any_decode_count_reuse_one_compiled_kernel_each(child, compiled_env):
+    # A step's decode count changes from step to step; any kernel argument that followed it into
+    # a constexpr or a pointer's alignment would be compiled again while a request waits (vLLM's
+    # JIT monitor). Bind every launch the way JITFunction.run keys its cache and count the keys.
+    result = child(
+        """
+        import torch
+        from govinda_patch import amd_aot
+        from govinda_patch.kernel_package import import_kernel
+        from govinda_patch.launch_capture import capture_launches
+        layout = import_kernel("int8_kv_layout")
+        attention = import_kernel("int8_paged_attention")
+        configs = import_kernel("launch_configs").ARCH_TABLES["rocm_gfx9"]
+        kv_heads, group, head_dim, block_size = 2, 4, 128, 16
+        cache = torch.zeros(layout.cache_shape(64, block_size, kv_heads, head_dim), dtype=torch.int8)
+        keys, splits = {}, set()
+        for num_decodes in range(1, 10):
+            lens = [30 + d for d in range(num_decodes)] + [40]
+            query_lens = [1] * num_decodes + [7]
+            starts = [0]
+            for n in query_lens:
+                starts.append(starts[-1] + n)
+            query = torch.zeros(starts[-1], kv_heads * group, head_dim, dtype=torch.bfloat16)
+            plan = attention.GatheredPrefill(
+                varlen_attention=lambda *args: None, cu_seqlens_k=torch.tensor([0, 40], dtype=torch.int32),
+                cu_seqlens_q=torch.tensor([0, 7], dtype=torch.int32), total_k=40, max_seqlen_k=40,
+                max_seqlen_q=7, num_prefill_tokens=7,
+            )
+            with capture_launches() as recorder:
+                attention.paged_attention_int8(
+                    query, cache, torch.zeros_like(query), torch.tensor(starts, dtype=torch.int32),
+                    torch.tensor(lens, dtype=torch.int32), torch.zeros(16, 8, dtype=torch.int32),
+                    block_size=block_size, num_kv_heads=kv_heads, softmax_scale=0.1, max_query_len=7,
+                    max_seq_len=40, num_decodes=num_decodes, configs=configs, gathered_prefill=plan,
+                )
+            for launch in recorder.launches:
+                if launch.name == "decode_split_kernel":
+                    splits.add(launch.grid[2])
+                _, (options, signature, constexprs, attrs) = amd_aot.bind_launch(launch, "gfx90a")
+                key = repr((sorted(options.__dict__.items()), signature, sorted(constexprs.items()), sorted(attrs.items())))
+                keys.setdefault(launch.name + ("" if launch.name != "decode_split_kernel" else
+                                               str(launch.kwargs["WRITE_OUTPUT"])), set()).add(key)
+        report({"keys": {name: len(found) for name, found in keys.items()}, "splits": sorted(splits)})
+        """,
+        compiled_env,
+        timeout=600,
+    )
+    assert result.returncode == 0, result
+    data = result.result
+    assert len([s for s in data["splits"] if s > 1]) >= 2, data  # the split count did change
+    assert {"decode_reduce_kernel", "_gather_kv_kernel"} <= set(data["keys"]), data
+    assert all(count == 1 for count in data["keys"].values()), data
