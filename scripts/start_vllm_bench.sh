@@ -32,6 +32,7 @@ govinda_repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # env-doc: VLLM_CACHE_ROOT | directory | $GOVINDA_SERVE_CACHE_ROOT/vllm | vLLM caches incl. torch.compile graphs (warm restarts skip recompiling).
 # env-doc: TRITON_CACHE_DIR | directory | $GOVINDA_SERVE_CACHE_ROOT/triton | Compiled Triton kernels (ours and vLLM's).
 # env-doc: TORCHINDUCTOR_CACHE_DIR | directory | $GOVINDA_SERVE_CACHE_ROOT/inductor | Inductor cache (default is under /tmp).
+# env-doc: GOVINDA_CACHE_DIR | directory | $GOVINDA_SERVE_CACHE_ROOT/govinda | The overlay's kernel self-test verdict, tuned launch configs and dispatch counters (a warm restart skips self-test and tuning).
 # env-doc: MIOPEN_USER_DB_PATH | directory | $GOVINDA_SERVE_CACHE_ROOT/miopen/db | MIOpen find-db (ROCm/DTK only).
 # env-doc: MIOPEN_CUSTOM_CACHE_DIR | directory | $GOVINDA_SERVE_CACHE_ROOT/miopen/cache | MIOpen compiled kernels (ROCm/DTK only).
 # env-doc: PYTORCH_HIP_ALLOC_CONF | allocator options | expandable_segments:True (only if no allocator config is set) | ROCm caching allocator: less fragmentation; `export PYTORCH_HIP_ALLOC_CONF=` opts out.
@@ -53,11 +54,14 @@ govinda_setup_env() {
     export TRITON_CACHE_DIR="${TRITON_CACHE_DIR=$cache_root/triton}"
     # Inductor's own cache (default /tmp/torchinductor_$USER, lost on reboot).
     export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR=$cache_root/inductor}"
+    # The overlay's self-test verdict and tuned launch configs (default ~/.cache/govinda): beside
+    # the others, so one persistent volume makes a restart warm for the overlay too.
+    export GOVINDA_CACHE_DIR="${GOVINDA_CACHE_DIR=$cache_root/govinda}"
     # MIOpen (ROCm) find-db and compiled kernels; ignored on CUDA.
     export MIOPEN_USER_DB_PATH="${MIOPEN_USER_DB_PATH=$cache_root/miopen/db}"
     export MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_CUSTOM_CACHE_DIR=$cache_root/miopen/cache}"
     local dir
-    for dir in "$VLLM_CACHE_ROOT" "$TRITON_CACHE_DIR" "$TORCHINDUCTOR_CACHE_DIR" \
+    for dir in "$VLLM_CACHE_ROOT" "$TRITON_CACHE_DIR" "$TORCHINDUCTOR_CACHE_DIR" "$GOVINDA_CACHE_DIR" \
         "$MIOPEN_USER_DB_PATH" "$MIOPEN_CUSTOM_CACHE_DIR"; do
         if [ -n "$dir" ]; then mkdir -p "$dir" 2>/dev/null || true; fi
     done

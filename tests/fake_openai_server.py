@@ -38,6 +38,13 @@ whose start was seen before counts its length as prefix-cache hits. ``--kv-token
 start-up lines for a KV cache of N tokens (and, given ``--kv-cache-memory-bytes``, the line of a
 pinned KV memory).
 
+``--startup-phases`` prints, before listening, the start-up lines vLLM 0.26 and the overlay log
+(bench/startup_phases.py reads them): the cold ones (graphs compiled, launch configs tuned) when
+``$VLLM_CACHE_ROOT`` holds no artefact of an earlier start, then writes one there and in
+``$GOVINDA_CACHE_DIR``; the warm ones (graphs loaded from the cache, launch configs cached) when it
+finds them. The first completion request then logs vLLM's JIT-monitor warnings: one for a vLLM
+kernel, and with the overlay active one for a kernel of kernels/.
+
 Unless GOVINDA_DISABLE=1 it imitates the overlay at start-up: prints ``govinda: fake overlay
 active`` (for log counting) and writes ``$GOVINDA_CACHE_DIR/counters/<pid>.json``.
 """
@@ -132,6 +139,53 @@ def metrics_text(model: str, running: int, waiting: int, capacity: int, preempti
     return "\n".join(lines) + "\n"
 
 
+FAKE_ARTEFACT = "fake-compiled-graph"
+STARTUP_PREFIX = "(EngineCore pid=%d) INFO 12-02 04:55:01 "
+JIT_WARNING = ("(EngineCore pid=%d) WARNING 12-02 04:56:40 [jit_monitor.py:135] Triton kernel JIT compilation during "
+               "inference: %s. This causes a latency spike; consider extending warmup to cover this shape/config.")
+
+
+def print_startup_phases(overlay: bool) -> None:
+    """Cold lines when $VLLM_CACHE_ROOT has no artefact of an earlier start (then leaves one), warm ones after."""
+    pid = os.getpid()
+    vllm_root, govinda_root = os.environ.get("VLLM_CACHE_ROOT"), os.environ.get("GOVINDA_CACHE_DIR")
+    warm = bool(vllm_root) and os.path.exists(os.path.join(vllm_root, FAKE_ARTEFACT))
+    tuned = bool(govinda_root) and os.path.exists(os.path.join(govinda_root, FAKE_ARTEFACT))
+    lines = ["[model_runner.py:305] Model loading took 13.13 GiB and 2.402183 seconds"]
+    if warm:
+        lines += ["[backends.py:293] Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 0.512 s",
+                  "[monitor.py:53] torch.compile took 3.10 s in total"]
+    else:
+        lines += ["[backends.py:393] Compiling a graph for compile range (1, 8192) takes 10.20 s",
+                  "[monitor.py:53] torch.compile took 22.37 s in total"]
+    lines.append("[model_runner.py:747] Graph capturing finished in 11 secs, took 0.53 GiB")
+    lines.append("[core.py:340] init engine (profile, create kv cache, warmup model) took %s s (compilation: %s s)"
+                 % (("30.50", "3.10") if warm else ("85.71", "22.37")))
+    for line in lines:
+        print(STARTUP_PREFIX % pid + line, flush=True)
+    if overlay:
+        print(f"(EngineCore pid={pid}) govinda INFO [pid {pid}] kernel self-test passed on fake-device ({{'none': ...}})", flush=True)
+        shape = "d128-q32-kv8-b16-bf16"
+        if tuned:
+            origin = "cached"
+        else:
+            print(f"govinda INFO [pid {pid + 1}] tune: chose decode m16n64w4s1 pps 4/8, prefill m128n64w8s3 "
+                  "(21/21 candidates usable, 24.8 s)", flush=True)
+            origin = "tuned in 24.8 s"
+        print(f"(EngineCore pid={pid}) govinda INFO [pid {pid}] INT8 attention launch configs for {shape}: "
+              f"tuned ({origin}) decode m16n64w4s1 pps 4/8, prefill m128n64w8s3; 21/21 candidates usable, 24.8 s", flush=True)
+    for root in (vllm_root, govinda_root if overlay else None):
+        if root:
+            os.makedirs(root, exist_ok=True)
+            with open(os.path.join(root, FAKE_ARTEFACT), "w") as f:
+                f.write("compiled\n")
+
+
+def print_jit_warnings(overlay: bool) -> None:
+    for kernel in ("_compute_slot_mapping_kernel",) + (("_gather_kv_kernel",) if overlay else ()):
+        print(JIT_WARNING % (os.getpid(), kernel), flush=True)
+
+
 def build_app(args: argparse.Namespace) -> web.Application:
     state = {"count": 0, "requests": [], "running": 0, "waiting": 0, "preemptions": 0, "prefix_hits": 0,
              "heads": set()}
@@ -167,6 +221,8 @@ def build_app(args: argparse.Namespace) -> web.Application:
     async def completions(request: web.Request) -> web.StreamResponse:
         state["count"] += 1
         number = state["count"]
+        if args.startup_phases and number == 1:
+            print_jit_warnings(os.environ.get("GOVINDA_DISABLE") != "1")
         body = await request.json()
         prompt = body.get("prompt")
         if isinstance(prompt, str) and not body.get("stream"):
@@ -361,6 +417,8 @@ def main(argv=None) -> None:
     p.add_argument("--preempt-waiting", action="store_true", help="count each request that waited as a preemption")
     p.add_argument("--kv-tokens", type=int, default=0, metavar="N", help="log vLLM's KV-cache size lines for N tokens")
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="as vLLM's (logged, like vLLM's line)")
+    p.add_argument("--startup-phases", action="store_true",
+                   help="log vLLM's and the overlay's start-up lines (cold or warm by the caches) and JIT warnings")
     args, unknown = p.parse_known_args(argv)
     words = list(args.words)
     if words and words[0] == "serve":
@@ -387,6 +445,8 @@ def main(argv=None) -> None:
         print(f"INFO [kv_cache_utils.py:2177] GPU KV cache size: {args.kv_tokens:,} tokens", flush=True)
         print(f"INFO [kv_cache_utils.py:2178] Maximum concurrency for 32,768 tokens per request: "
               f"{args.kv_tokens / 32768:.2f}x", flush=True)
+    if args.startup_phases:
+        print_startup_phases(os.environ.get("GOVINDA_DISABLE") != "1")
     time.sleep(args.startup_delay)
     print(f"fake server: pid {os.getpid()} on {args.host}:{args.port}", flush=True)
     web.run_app(build_app(args), host=args.host, port=args.port, print=None, access_log=None)

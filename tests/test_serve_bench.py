@@ -646,10 +646,15 @@ def test_bench_script_runs_the_locked_command(tmp_path):
     assert env["PYTORCH_HIP_ALLOC_CONF"] == ""  # even an empty one
     assert env["VLLM_CACHE_ROOT"].startswith(str(tmp_path / "home"))
     assert Path(env["VLLM_CACHE_ROOT"]).is_dir()
+    # The overlay's cache beside vLLM's, under the one persistent root.
+    assert env["GOVINDA_CACHE_DIR"] == str(Path(env["VLLM_CACHE_ROOT"]).parent / "govinda")
+    assert Path(env["GOVINDA_CACHE_DIR"]).is_dir()
 
-    code, dump = _run_script(tmp_path, "start_vllm_bench.sh", MODEL="/models/x", PORT="9001")
+    mine = str(tmp_path / "my-govinda-cache")
+    code, dump = _run_script(tmp_path, "start_vllm_bench.sh", MODEL="/models/x", PORT="9001", GOVINDA_CACHE_DIR=mine)
     assert code == 0 and dump["argv"][:4] == ["serve", "/models/x", "--port", "9001"]
     assert dump["env"]["PYTORCH_HIP_ALLOC_CONF"] == "expandable_segments:True"
+    assert dump["env"]["GOVINDA_CACHE_DIR"] == mine  # a caller's value wins
 
     code, stderr = _run_script(tmp_path, "start_vllm_bench.sh", "/models/m", "8123", "--enforce-eager")
     assert code == 2 and "locked" in stderr
@@ -667,3 +672,4 @@ def test_dev_script_appends_dev_args(tmp_path):
         "--additional-config", '{"gdn_prefill_backend": "triton"}',
     ]
     assert dump["env"]["PYTHONPATH"].split(":")[0] == str(REPO_ROOT)
+    assert dump["env"]["GOVINDA_CACHE_DIR"] == str(Path(dump["env"]["VLLM_CACHE_ROOT"]).parent / "govinda")

@@ -1,0 +1,232 @@
+"""The start-up benchmark's comparison and Markdown: every side against the baseline, cold and warm,
+and the targets of issue #29; joining results measured in several calls."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+STARTS = ("cold", "warm")
+# Issue #29: what the overlay may add to a start, and no JIT compile of its kernels left for requests.
+TARGETS = {"cold_added_s": 20.0, "warm_added_s": 3.0, "our_jit_lines": 0}
+# Columns of the phases table: (key in the start record's phases, header).
+PHASE_COLUMNS = (
+    ("model_load_s", "model loading"),
+    ("weights_load_s", "weights"),
+    ("torch_compile_s", "torch.compile"),
+    ("graph_cache_load_s", "graphs from cache"),
+    ("cuda_graph_capture_s", "CUDA graphs"),
+    ("init_engine_s", "init engine"),
+    ("overlay_tune_s", "overlay tuning"),
+)
+NONE = "–"
+
+
+def start_record(side: Optional[Dict[str, Any]], kind: str) -> Optional[Dict[str, Any]]:
+    for start in (side or {}).get("starts", []):
+        if start.get("start") == kind:
+            return start
+    return None
+
+
+def _health(side: Optional[Dict[str, Any]], kind: str) -> Optional[float]:
+    start = start_record(side, kind)
+    return start.get("launch_to_health_s") if start else None
+
+
+def jit_summary(side: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """JIT-during-inference lines over a side's starts; None when no start's log was read."""
+    starts = [s for s in (side or {}).get("starts", []) if "jit" in s]
+    if not starts:
+        return None
+    events = [e for s in starts for e in s["jit"]["events"]]
+    return {
+        "count": len(events),
+        "ours": sum(1 for e in events if e["ours"]),
+        "kernels": sorted({e["kernel"] for e in events if e["kernel"]}),
+        "our_kernels": sorted({e["kernel"] for e in events if e["ours"]}),
+    }
+
+
+def _difference(mine: Optional[float], theirs: Optional[float]) -> Optional[float]:
+    return round(mine - theirs, 2) if mine is not None and theirs is not None else None
+
+
+def compare(result: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """One row per side other than the baseline: launch-to-health added (and ratio) per start, the
+    phases' differences, the JIT lines; each against its target (met: None where data is missing)."""
+    sides = {side["name"]: side for side in result["sides"]}
+    baseline_name = result["baseline"]
+    baseline = sides.get(baseline_name)
+    rows = []
+    for side in result["sides"]:
+        if side["name"] == baseline_name:
+            continue
+        row: Dict[str, Any] = {"side": side["name"], "baseline": baseline_name}
+        for kind in STARTS:
+            mine, theirs = _health(side, kind), _health(baseline, kind)
+            added = _difference(mine, theirs)
+            limit = TARGETS[f"{kind}_added_s"]
+            mine_phases = (start_record(side, kind) or {}).get("phases") or {}
+            their_phases = (start_record(baseline, kind) or {}).get("phases") or {}
+            row[kind] = {
+                "side_s": mine,
+                "baseline_s": theirs,
+                "added_s": added,
+                "ratio": round(mine / theirs, 3) if mine is not None and theirs else None,
+                "target_added_s": limit,
+                "met": added <= limit if added is not None else None,
+                "phases_added_s": {name: _difference(mine_phases.get(name), their_phases.get(name))
+                                   for name in sorted(set(mine_phases) | set(their_phases))},
+            }
+        jit = jit_summary(side)
+        row["jit"] = {
+            "side": jit,
+            "baseline": jit_summary(baseline),
+            "target_our_lines": TARGETS["our_jit_lines"],
+            "met": jit["ours"] <= TARGETS["our_jit_lines"] if jit is not None else None,
+        }
+        rows.append(row)
+    return rows
+
+
+def _s(value: Optional[float], digits: int = 1) -> str:
+    return NONE if value is None else f"{value:.{digits}f}"
+
+
+def _verdict(met: Optional[bool]) -> str:
+    return "no data" if met is None else "met" if met else "missed"
+
+
+def _overlay_cell(start: Dict[str, Any]) -> str:
+    overlay = start.get("overlay") or {}
+    if not overlay.get("selftest_lines"):
+        return NONE
+    origins = sorted({entry["origin"] for entry in (overlay.get("launch_configs") or {}).values()})
+    return f"{overlay['selftest']}" + (f", configs {'/'.join(origins)}" if origins else "")
+
+
+def _requests_cell(start: Dict[str, Any]) -> str:
+    cells = []
+    for request in start.get("requests") or []:
+        if request.get("error"):
+            cells.append("error")
+        else:
+            tokens = request.get("prompt_tokens")
+            cells.append(f"{request['seconds']:.2f} ({tokens if tokens is not None else '?'} tok)")
+    return ", ".join(cells) or NONE
+
+
+def _phases_table(result: Dict[str, Any]) -> List[str]:
+    header = ["side", "start", "launch to /health"] + [title for _, title in PHASE_COLUMNS] + \
+        ["self-test, launch configs", "probe requests s", "JIT lines (ours)", "status"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for side in result["sides"]:
+        for start in side.get("starts", []):
+            phases = start.get("phases") or {}
+            jit = start.get("jit")
+            cells = [side["name"], start["start"], _s(start.get("launch_to_health_s"))]
+            cells += [_s(phases.get(key)) for key, _ in PHASE_COLUMNS]
+            cells += [_overlay_cell(start), _requests_cell(start),
+                      f"{jit['count']} ({jit['ours']})" if jit else NONE, start.get("status", NONE)]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def comparison_lines(result: Dict[str, Any]) -> List[str]:
+    """The side-by-side comparison: what stdout shows, and the report's second table."""
+    rows = result.get("comparison") or compare(result)
+    lines = [
+        f"| side vs baseline | cold: added s (target <= +{TARGETS['cold_added_s']:g}) | cold ratio "
+        f"| warm: added s (target <= +{TARGETS['warm_added_s']:g}) | warm ratio "
+        f"| JIT lines of our kernels (target {TARGETS['our_jit_lines']}) | JIT lines, all: side / baseline |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        cells = [f"{row['side']} vs {row['baseline']}"]
+        for kind in STARTS:
+            entry = row[kind]
+            added = NONE if entry["added_s"] is None else f"{entry['added_s']:+.1f}"
+            cells += [f"{added} ({_s(entry['side_s'])} vs {_s(entry['baseline_s'])}): {_verdict(entry['met'])}",
+                      NONE if entry["ratio"] is None else f"{entry['ratio']:.2f}x"]
+        jit = row["jit"]
+        mine, theirs = jit["side"], jit["baseline"]
+        ours = NONE if mine is None else f"{mine['ours']}" + (f" ({', '.join(mine['our_kernels'])})" if mine["our_kernels"] else "")
+        cells += [f"{ours}: {_verdict(jit['met'])}",
+                  f"{NONE if mine is None else mine['count']} / {NONE if theirs is None else theirs['count']}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def render_markdown(result: Dict[str, Any]) -> str:
+    probe = result.get("probe") or {}
+    dates = sorted({(side.get("measured") or {}).get("date", "") for side in result["sides"]} - {""})
+    lines = [
+        f"# Start-up benchmark: {result['name']}",
+        "",
+        "Each side's server started twice: **cold** (its VLLM_CACHE_ROOT, TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR "
+        "and GOVINDA_CACHE_DIR emptied) and **warm** (the caches the cold start left). After /health, "
+        f"{len(probe.get('prompt_tokens', []))} completions (about {', '.join(str(t) for t in probe.get('prompt_tokens', []))} "
+        f"prompt tokens, max_tokens {probe.get('max_tokens', '?')}), then stop. Seconds; {NONE}: not logged; "
+        f"/health is polled every {result.get('health_poll_s', '?')} s.",
+        "",
+        f"- baseline side: **{result['baseline']}**; measured {', '.join(dates) or 'n/a'}",
+        f"- model: `{(result.get('config') or {}).get('model', '?')}`",
+        "",
+        "## Per start",
+        "",
+        *_phases_table(result),
+        "",
+        "## Against the baseline",
+        "",
+        *comparison_lines(result),
+        "",
+        "## JIT compilations during inference",
+        "",
+    ]
+    any_jit = False
+    for side in result["sides"]:
+        for start in side.get("starts", []):
+            events = (start.get("jit") or {}).get("events") or []
+            if events:
+                any_jit = True
+                names = ", ".join(f"`{e['kernel']}`" + (" (ours)" if e["ours"] else "") for e in events)
+                lines.append(f"- {side['name']} {start['start']}: {names}")
+    if not any_jit:
+        lines.append("- none logged")
+    problems = [f"- {side['name']} {start['start']}: {p}" for side in result["sides"] for start in side.get("starts", [])
+                for p in ([start["error"]] if start.get("error") else []) + start.get("problems", [])]
+    if problems:
+        lines += ["", "## Problems", "", *problems]
+    return "\n".join(lines) + "\n"
+
+
+def write_reports(result: Dict[str, Any], report_dir: Path) -> Dict[str, Path]:
+    result["comparison"] = compare(result)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": report_dir / f"{result['name']}.json", "md": report_dir / f"{result['name']}.md"}
+    paths["json"].write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    paths["md"].write_text(render_markdown(result), encoding="utf-8")
+    return paths
+
+
+def load_result(path: Path) -> Dict[str, Any]:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def merge_results(results: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The first result with the sides and runs of the later ones (a side of the same name: the later record)."""
+    merged = dict(results[0])
+    sides = list(merged["sides"])
+    runs = list(merged.get("runs", []))
+    for other in results[1:]:
+        for record in other["sides"]:
+            names = [s["name"] for s in sides]
+            if record["name"] in names:
+                sides[names.index(record["name"])] = record
+            else:
+                sides.append(record)
+        runs += other.get("runs", [])
+    merged.update(sides=sides, runs=runs)
+    return merged

@@ -1,0 +1,41 @@
+#!/bin/sh
+# Issue #29: the start-up benchmark (python -m bench.startup) on the H200, dense D=128 shape
+# (Llama-3-8B shape, dummy weights: scripts/h200/ab_dense128_bench_serve.yaml, whose model
+# /tmp/llama8b-shape is assembled here as ab_bench_serve.sh does). Each side's server starts twice:
+# cold (empty VLLM_CACHE_ROOT, TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, GOVINDA_CACHE_DIR under
+# one per-side root) and warm (the caches the cold start left), each followed by a ~1K- and a
+# ~4K-token request (max_tokens 8), then stopped.
+#
+# One side per call of a one-GPU machine: bundle install ~30 s, cold start ~95-190 s, warm start
+# less, two stops of ~10 s; --health-timeout 230 and --request-timeout 60 cap a call near
+# 30 + 2 x (230 + 10) s plus the requests (seconds when healthy). From the checkout's root on the H200:
+#   sh scripts/h200/startup.sh govinda
+#   sh scripts/h200/startup.sh fa3_bf16
+# Each call leaves in $OUT h200-dense128-startup.json/.md (the comparison needs both sides), the
+# server logs <side>.cold.server.log and <side>.warm.server.log, and install.log. Join two calls:
+#   python3 -m bench.startup --report-only A/h200-dense128-startup.json B/h200-dense128-startup.json \
+#       --report-dir reports/h200
+# Arguments after the side go to bench/startup.py as they are (e.g. --prompt-tokens 1024 8192).
+set -eu
+[ "$#" -ge 1 ] || { echo "usage: $0 SIDE [bench.startup args ...]   (SIDE: govinda or fa3_bf16; one per call)" >&2; exit 2; }
+side=$1
+shift
+sides=scripts/h200/ab_dense128_bench_serve.yaml
+OUT_DIR=${OUT:-/tmp/startup}
+mkdir -p "$OUT_DIR"
+. scripts/h200/env.sh
+
+# The carried bundle: at the root, or two levels up from a .dev/NAME copy.
+carried() {
+    for up in "" ../../; do
+        [ -d "$up$1" ] && { echo "$up$1"; return 0; }
+    done
+    echo "no $1 here or in ../.." >&2
+    return 1
+}
+tokenizer=$(carried .device/models/qwen3_5-27b-shape)
+model=$(sh scripts/h200/assemble_model.sh llama8b-shape "$tokenizer")
+
+# --stop-grace 10: vLLM 0.26 does not exit on SIGTERM within 30 s; the default grace only waits.
+python3 -m bench.startup --sides "$sides" --name h200-dense128-startup --model "$model" --only "$side" \
+    --health-timeout 230 --request-timeout 60 --stop-grace 10 --report-dir "$OUT_DIR" --log-dir "$OUT_DIR" "$@"

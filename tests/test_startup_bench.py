@@ -1,0 +1,185 @@
+"""``python -m bench.startup`` against tests/fake_openai_server.py (``--startup-phases``: it logs cold
+lines on empty caches and warm ones when it finds its own artefact of the earlier start), the
+comparison with its targets, and the H200 script. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import startup, startup_report
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+FAKE_SERVER = REPO_ROOT / "tests" / "fake_openai_server.py"
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launcher(tmp_path: Path) -> str:
+    path = tmp_path / "serve.sh"
+    path.write_text(f'#!/bin/sh\nexec "{PYTHON}" "{FAKE_SERVER}" --startup-phases "$@"\n')
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def test_startup_end_to_end_cold_then_warm_per_side(tmp_path):
+    requests = {name: tmp_path / f"{name}.requests.jsonl" for name in ("stock", "govinda")}
+    sides = tmp_path / "sides.json"
+    sides.write_text(json.dumps({
+        "name": "st",
+        "model": "fake-model",
+        "server_command": _launcher(tmp_path),
+        "health_timeout_s": 60,
+        "stop_grace_s": 5,
+        "baseline": "stock",
+        "bench": {"input_lens": [6144]},  # an A/B sides file: its bench settings are not used here
+        "log_patterns": {"engine_init": {"regex": "init engine", "min": 1}},
+        "sides": [
+            {"name": "stock", "env": {"GOVINDA_DISABLE": "1"}, "server_args": ["--request-log", str(requests["stock"])]},
+            {"name": "govinda", "env": {"GOVINDA_DISABLE": "0"}, "server_args": ["--request-log", str(requests["govinda"])]},
+        ],
+    }))
+    work = tmp_path / "work"
+    leftover = work / "govinda" / "cache" / "vllm" / "fake-compiled-graph"  # from "an earlier run": must go
+    leftover.parent.mkdir(parents=True)
+    leftover.write_text("stale")
+    done = subprocess.run(
+        [PYTHON, "-m", "bench.startup", "--sides", str(sides), "--port", str(free_port()), "--work-dir", str(work),
+         "--report-dir", str(tmp_path / "reports"), "--prompt-tokens", "64", "256"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((tmp_path / "reports" / "st-startup.json").read_text())
+    assert result["schema"] == startup.SCHEMA and result["baseline"] == "stock"
+    assert result["meta"]["command"][1:3] == ["-m", "bench.startup"] and result["meta"]["date"]
+    assert result["meta"]["host"]["node"]
+    stock, govinda = result["sides"]
+    for side in (stock, govinda):
+        assert side["status"] == "ok", side
+        cold, warm = side["starts"]
+        assert (cold["start"], warm["start"]) == ("cold", "warm")
+        assert cold["status"] == warm["status"] == "ok" and cold["problems"] == warm["problems"] == []
+        assert cold["launch_to_health_s"] > 0 and warm["launch_to_health_s"] > 0
+        # One cache root per side, the same for both starts: emptied before the cold one, kept for the warm one.
+        assert cold["cache_dirs"] == warm["cache_dirs"]
+        assert set(cold["cache_dirs"]) == {"VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "GOVINDA_CACHE_DIR"}
+        assert all(Path(path).parent == work / side["name"] / "cache" for path in cold["cache_dirs"].values())
+        assert all(entry["files"] == 0 for entry in cold["cache_before"].values())
+        assert warm["cache_before"] == cold["cache_after"] and warm["cache_before"]["VLLM_CACHE_ROOT"]["files"] == 1
+        for start in (cold, warm):  # what the server processes really had
+            observed = start["env_check"]["processes"][0]["observed"]
+            assert {key: observed[key] for key in start["cache_dirs"]} == start["cache_dirs"]
+        # The fake logs cold lines on empty caches and warm ones on its earlier artefact.
+        assert cold["phases"]["torch_compile_s"] == 22.37 and cold["phases"]["graph_compile_s"] == 10.2
+        assert cold["phases"]["graph_cache_load_s"] is None and cold["phases"]["init_engine_s"] == 85.71
+        assert warm["phases"]["torch_compile_s"] == 3.1 and warm["phases"]["graph_cache_load_s"] == 0.512
+        assert warm["phases"]["graph_compile_s"] is None and warm["phases"]["init_engine_s"] == 30.5
+        assert cold["phases"]["model_load_s"] == warm["phases"]["model_load_s"] == 2.402183
+        assert cold["phases"]["cuda_graph_capture_s"] == 11.0
+        assert cold["log_counts"]["engine_init"]["ok"]
+        # Two probes, sized in tokens after the first answer (the fake counts words), max_tokens 8.
+        assert [r["prompt_tokens"] for r in cold["requests"]] == [64, 256]
+        assert all(r["completion_tokens"] == 8 and "error" not in r for r in cold["requests"])
+        assert Path(cold["log_path"]).name == "cold.server.log" and Path(warm["log_path"]).name == "warm.server.log"
+    sent = [json.loads(line) for line in requests["govinda"].read_text().splitlines()]
+    assert len(sent) == 4 and {r["max_tokens"] for r in sent} == {8} and {r["temperature"] for r in sent} == {0}
+    assert sent[0]["prompt"] != sent[1]["prompt"] and sent[0]["prompt"] == sent[2]["prompt"]
+    # The overlay's lines: tuned on the cold start, cached on the warm one; none on the stock side.
+    cold, warm = govinda["starts"]
+    assert cold["overlay"]["selftest"] == "passed" and cold["phases"]["overlay_tune_s"] == 24.8
+    assert cold["overlay"]["launch_configs"]["d128-q32-kv8-b16-bf16"]["origin"] == "tuned"
+    assert warm["overlay"]["launch_configs"]["d128-q32-kv8-b16-bf16"]["origin"] == "cached"
+    assert warm["phases"]["overlay_tune_s"] is None
+    assert warm["cache_before"]["GOVINDA_CACHE_DIR"]["files"] >= 1
+    assert stock["starts"][0]["overlay"]["selftest"] is None
+    assert stock["starts"][0]["cache_after"]["GOVINDA_CACHE_DIR"]["files"] == 0
+    # JIT lines: a vLLM kernel on every start, and with the overlay one of ours.
+    assert [s["jit"]["kernels"] for s in stock["starts"]] == [["_compute_slot_mapping_kernel"]] * 2
+    assert [(s["jit"]["count"], s["jit"]["ours"]) for s in govinda["starts"]] == [(2, 1), (2, 1)]
+    (row,) = result["comparison"]
+    assert (row["side"], row["baseline"]) == ("govinda", "stock")
+    for kind in ("cold", "warm"):
+        assert isinstance(row[kind]["added_s"], float) and isinstance(row[kind]["met"], bool)
+        assert row[kind]["phases_added_s"]["init_engine_s"] == 0.0
+    assert row["jit"]["side"]["ours"] == 2 and row["jit"]["met"] is False
+    md = (tmp_path / "reports" / "st-startup.md").read_text()
+    assert "| govinda | cold |" in md and "| stock | warm |" in md and "`_gather_kv_kernel` (ours)" in md
+    assert "govinda vs stock" in md and "govinda vs stock" in done.stdout  # the comparison is printed too
+
+
+def test_only_one_side_per_call_and_report_only_joins(tmp_path):
+    sides = tmp_path / "sides.json"
+    sides.write_text(json.dumps({
+        "name": "split", "model": "fake-model", "server_command": _launcher(tmp_path), "health_timeout_s": 60,
+        "stop_grace_s": 5, "sides": [{"name": "a", "env": {"GOVINDA_DISABLE": "1"}}, {"name": "b", "env": {"GOVINDA_DISABLE": "0"}}],
+    }))
+    common = ["--sides", str(sides), "--name", "split", "--work-dir", str(tmp_path / "work"), "--prompt-tokens", "8"]
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert startup.main(common + ["--port", str(free_port()), "--report-dir", str(first), "--only", "a"]) == 0
+    assert startup.main(common + ["--port", str(free_port()), "--report-dir", str(second), "--only", "b"]) == 0
+    alone = startup_report.load_result(second / "split.json")
+    assert [s["name"] for s in alone["sides"]] == ["b"] and alone["comparison"][0]["cold"]["added_s"] is None
+    joined = tmp_path / "joined"
+    assert startup.main(["--report-only", str(first / "split.json"), str(second / "split.json"), "--report-dir", str(joined)]) == 0
+    result = startup_report.load_result(joined / "split.json")
+    assert [s["name"] for s in result["sides"]] == ["a", "b"] and len(result["runs"]) == 2
+    assert isinstance(result["comparison"][0]["warm"]["added_s"], float)
+    with pytest.raises(SystemExit, match="no side named"):
+        startup.main(["--report-only", str(first / "split.json"), "--baseline", "zz"])
+
+
+def test_sides_file_may_not_set_the_caches(tmp_path):
+    sides = tmp_path / "sides.json"
+    sides.write_text(json.dumps({"model": "m", "env": {"TRITON_CACHE_DIR": "/keep"},
+                                 "sides": [{"name": "a"}, {"name": "b", "env": {"GOVINDA_CACHE_DIR": "/mine"}}]}))
+    with pytest.raises(SystemExit, match="GOVINDA_CACHE_DIR, TRITON_CACHE_DIR"):
+        startup.main(["--sides", str(sides)])
+
+
+def _result(**health):
+    """A result of two sides; health: {"side_kind": seconds or None}."""
+    def side(name, jit_ours):
+        starts = []
+        for kind in ("cold", "warm"):
+            events = [{"kernel": "_gather_kv_kernel", "ours": True}] * jit_ours + [{"kernel": "k", "ours": False}]
+            starts.append({"start": kind, "status": "ok", "problems": [], "launch_to_health_s": health.get(f"{name}_{kind}"),
+                           "phases": {"init_engine_s": 10.0}, "jit": {"count": len(events), "ours": jit_ours, "events": events}})
+        return {"name": name, "starts": starts}
+
+    return {"name": "r", "baseline": "stock", "sides": [side("stock", 0), side("govinda", health.get("ours", 0))]}
+
+
+def test_comparison_against_the_targets():
+    (row,) = startup_report.compare(_result(stock_cold=100.0, govinda_cold=119.5, stock_warm=40.0, govinda_warm=43.5))
+    assert row["cold"]["added_s"] == 19.5 and row["cold"]["met"] is True and row["cold"]["ratio"] == 1.195
+    assert row["warm"]["added_s"] == 3.5 and row["warm"]["met"] is False
+    assert row["jit"]["met"] is True and row["jit"]["side"]["count"] == 2
+    (row,) = startup_report.compare(_result(stock_cold=100.0, govinda_cold=None, ours=1))
+    assert row["cold"]["added_s"] is None and row["cold"]["met"] is None and row["warm"]["met"] is None
+    assert row["jit"]["met"] is False and row["jit"]["side"]["our_kernels"] == ["_gather_kv_kernel"]
+    lines = startup_report.comparison_lines({"name": "r", "baseline": "stock", "sides": _result()["sides"]})
+    assert "no data" in lines[-1]
+
+
+def test_h200_script_runs_one_side_of_the_dense_shape(tmp_path):
+    script = REPO_ROOT / "scripts" / "h200" / "startup.sh"
+    assert subprocess.run(["sh", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    sides_file = REPO_ROOT / "scripts" / "h200" / "ab_dense128_bench_serve.yaml"
+    assert str(sides_file.relative_to(REPO_ROOT)) in text and "bench.startup" in text
+    config = startup.config_from_args(startup.build_arg_parser().parse_args(["--sides", str(sides_file)]))
+    assert config.name == "h200-dense128-bench-serve-startup" and config.model == "/tmp/llama8b-shape"
+    assert {"govinda", "fa3_bf16"} <= {s.name for s in config.sides} and config.baseline_name() == "fa3_bf16"
+    done = subprocess.run(["sh", str(script)], cwd=REPO_ROOT, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 2 and "usage" in done.stderr
