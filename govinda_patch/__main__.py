@@ -102,9 +102,12 @@ def _counters(args) -> int:
 def _selftest(args) -> int:
     from .int8.selftest import main_json, run_selftest
 
+    from .settings import KV_ROTATIONS
+
+    rotations = KV_ROTATIONS if args.all_rotations else None
     if args.json:
-        return main_json(args.device_index)
-    verdict = run_selftest(args.device_index)
+        return main_json(args.device_index, rotations)
+    verdict = run_selftest(args.device_index, rotations)
     print(json.dumps(verdict, indent=2))
     return 0 if verdict.get("ok") else 1
 
@@ -156,6 +159,7 @@ def main(argv=None) -> int:
     selftest = commands.add_parser("selftest", help="run the INT8 kernel self-test in this process")
     selftest.add_argument("--json", action="store_true", help="one JSON line (used by the cached self-test)")
     selftest.add_argument("--device-index", type=int, default=None, help="the GPU to test (default: the current one)")
+    selftest.add_argument("--all-rotations", action="store_true", help="test every KV rotation, not only GOVINDA_KV_ROTATION's")
     tune = commands.add_parser("tune", help="time the launch-config candidates for one model shape (the tuning child)")
     tune.add_argument("--json", action="store_true", help="tune now, print one JSON line (the tuning child; the default)")
     tune.add_argument("--cached", action="store_true", help="what a server would use: the cached choice, else tune and cache")

@@ -48,6 +48,7 @@ INTERPRETER_CASES = {
     "test_int8_integration.py::test_forward_and_kv_update_with_real_vllm_metadata",
     "test_int8_integration.py::test_selftest_passes_with_the_triton_interpreter",
     "test_vllm_lines.py::test_cache_views_laid_out_by_vllm_hold_our_pages",
+    "test_kv_rotation_switch.py::test_selftest_checks_the_rotation_in_force_and_all_on_request",
 }
 # Cases under INTERPRETER_DIRS that launch no Triton kernel (pure-Python tables, argument checks,
 # torch references): they do not depend on the line's Triton. ``_interpreter_marker_is_honest``
@@ -69,6 +70,7 @@ NO_KERNEL_CASES = {
 # over 40 s on the shared one), or sit behind such a module fixture.
 SLOW_CASES = {
     "test_accuracy_int8_kv.py",
+    "test_kv_rotation_switch.py::test_selftest_checks_the_rotation_in_force_and_all_on_request",
     "test_kernel_bench_smoke.py",
     "test_tensor_parallel.py",
     "test_int8_integration.py::test_qwen35_alignment_spec_and_unification",

@@ -73,3 +73,26 @@ def test_smollm2_rotation_sides_file():
         assert ({**side.env, "CUDA_VISIBLE_DEVICES": None}, side.server_args) == (
             {**by_name[side.name].env, "CUDA_VISIBLE_DEVICES": None}, by_name[side.name].server_args
         )
+
+
+def test_selftest_checks_the_rotation_in_force_and_all_on_request(base_env):
+    # The verdict's cache key holds the rotation, so a server tests only its own (#29: start-up cost).
+    import json
+    import subprocess
+    import sys
+
+    seen = {}
+    for label, rotation, extra in (("default", None, []), ("hadamard", "hadamard", []), ("all", None, ["--all-rotations"])):
+        env = dict(base_env, TRITON_INTERPRET="1")
+        env.pop("GOVINDA_KV_ROTATION", None)
+        if rotation:
+            env["GOVINDA_KV_ROTATION"] = rotation
+        done = subprocess.run(
+            [sys.executable, "-m", "govinda_patch", "selftest", "--json", *extra],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        verdict = json.loads(done.stdout.strip().splitlines()[-1])
+        assert verdict["ok"], verdict
+        seen[label] = sorted(verdict["summary"])
+    assert seen == {"default": [settings.DEFAULT_KV_ROTATION], "hadamard": ["hadamard"], "all": sorted(settings.KV_ROTATIONS)}

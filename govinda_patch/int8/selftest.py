@@ -6,7 +6,9 @@ the verdict on disk keyed (``fingerprint.machine_key``) by the kernel sources, t
 versions, the visible devices and the model of the GPU the process runs on (``device_cache``):
 the processes of one server share a decision, and a tensor-parallel rank on another GPU model gets its own. ``run_selftest`` is the test
 itself: a tiny quantize-and-store and a mixed prefill+decode attention against the references,
-for every KV rotation (a server may be started with either; the key holds the active one too).
+for the KV rotation in force (every process of a server shares it, and the cache key holds it, so
+a server started with the other rotation runs its own test); ``selftest --all-rotations`` checks
+both by hand.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 import os
 
 from ..excerpt import PATH_CHARS, error_text, quote
-from ..settings import KV_ROTATIONS
+from ..settings import KV_ROTATIONS, kv_rotation
 from . import cache_files, child
 from .device_cache import current_device_index, device_key, write_json_atomically
 from .fingerprint import machine_key
@@ -81,9 +83,9 @@ def _uncached_note(directory, exc: OSError) -> str:
     return f"its verdict is not cached ({where}: {cause}), so every process runs it again"
 
 
-def run_selftest(device_index=None) -> dict:
+def run_selftest(device_index=None, rotations=None) -> dict:
     """Run the kernels once against their references on this machine's device (the current one,
-    or ``device_index``)."""
+    or ``device_index``), for ``rotations`` (default: the one in force)."""
     try:
         import torch
     except ImportError as exc:
@@ -99,7 +101,7 @@ def run_selftest(device_index=None) -> dict:
     else:
         return {"ok": False, "reason": "no GPU visible (set TRITON_INTERPRET=1 to test kernels on the CPU)"}
     summary, problems = {}, []
-    for rotation in KV_ROTATIONS:
+    for rotation in rotations or (kv_rotation(),):
         try:
             result = _check_kernels(torch, device, rotation)
         except Exception as exc:
@@ -207,7 +209,7 @@ def _check_kernels(torch, device, rotation: str) -> dict:
     return result
 
 
-def main_json(device_index=None) -> int:
-    verdict = run_selftest(device_index)
+def main_json(device_index=None, rotations=None) -> int:
+    verdict = run_selftest(device_index, rotations)
     print(json.dumps(verdict), flush=True)
     return 0
