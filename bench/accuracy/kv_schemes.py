@@ -123,6 +123,72 @@ def fp8_e4m3_unit_scale(x: torch.Tensor) -> torch.Tensor:
     return xf.to(torch.float8_e4m3fn).float().to(x.dtype)
 
 
+# 4-bit candidates for issue #28 (no INT4 kernel exists yet; these fix the format first).
+INT4_SYM_MAX = 7.0  # symmetric codes -7..7 (the 16th code unused, as INT8 leaves -128)
+INT4_LEVELS = 15  # asymmetric codes 0..15
+VLLM_INT4_SCALE_FLOOR = 1e-6
+
+
+def int4_symmetric(x: torch.Tensor) -> torch.Tensor:
+    """Symmetric 4-bit per (token, head): fp32 scale absmax / 7, codes -7..7, round-half-even."""
+    xf = x.float()
+    scale = (xf.abs().amax(dim=-1, keepdim=True) / INT4_SYM_MAX).clamp_min(_layout.SCALE_FLOOR)
+    return (torch.round(xf / scale).clamp_(-INT4_SYM_MAX, INT4_SYM_MAX) * scale).to(x.dtype)
+
+
+def int4_asymmetric(x: torch.Tensor) -> torch.Tensor:
+    """Asymmetric 4-bit per (token, head): fp32 scale (max - min) / 15 and fp32 zero point (min)."""
+    xf = x.float()
+    low = xf.amin(dim=-1, keepdim=True)
+    scale = ((xf.amax(dim=-1, keepdim=True) - low) / INT4_LEVELS).clamp_min(_layout.SCALE_FLOOR)
+    return (torch.round((xf - low) / scale).clamp_(0, INT4_LEVELS) * scale + low).to(x.dtype)
+
+
+def _rotated(quantize: FakeQuantize) -> FakeQuantize:
+    """``quantize`` between the kernels' fp32 Hadamard rotation and its inverse (itself)."""
+
+    def fake(x: torch.Tensor) -> torch.Tensor:
+        return _rotation.hadamard_reference(quantize(_rotation.hadamard_reference(x.float()))).to(x.dtype)
+
+    fake.__doc__ = f"{quantize.__name__} after the Hadamard rotation (GOVINDA_KV_ROTATION=hadamard's)."
+    return fake
+
+
+def _round_half_away(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(x >= 0, x + 0.5, x - 0.5).trunc()
+
+
+def _vllm_rht_signs(dim: int, device: torch.device) -> torch.Tensor:
+    """The fixed signs of upstream's randomized Hadamard transform (its seed, its generator)."""
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(0x9E3779B9)
+    return (2.0 * torch.bernoulli(torch.full((dim,), 0.5), generator=generator) - 1.0).to(device)
+
+
+def vllm_int4(x: torch.Tensor) -> torch.Tensor:
+    """Upstream vLLM 0.26 ``int4_per_token_head`` (v1/attention/ops/int4_per_token_head.py), re-derived:
+
+    K/V are rotated by the unnormalised Hadamard transform of ``x * signs`` and rounded to the
+    model dtype; then per (token, head) scale = max((max - min) / 15, 1e-6), zero point =
+    clamp(round_half_away(-min / scale), 0, 15), codes = clamp(round_half_away(x / scale + zp),
+    0, 15). The zero point is kept in the scale's low 4 mantissa bits, so reads use the scale with
+    those bits cleared. Attention is then equivalent to reading ``H^T((q - zp) * scale) / dim``
+    with the signs undone.
+    """
+    dim = x.shape[-1]
+    signs = _vllm_rht_signs(dim, x.device)
+    hadamard = _hadamard(dim, x.device) * dim**0.5  # unnormalised +-1
+    rotated = ((x.float() * signs) @ hadamard).to(x.dtype).float()
+    low = rotated.amin(dim=-1, keepdim=True)
+    high = rotated.amax(dim=-1, keepdim=True)
+    scale = ((high - low) / INT4_LEVELS).clamp_min(VLLM_INT4_SCALE_FLOOR)
+    zero = _round_half_away(-low / scale).clamp(0, INT4_LEVELS)
+    codes = _round_half_away(rotated * (1.0 / scale) + zero).clamp(0, INT4_LEVELS)
+    read_scale = (scale.view(torch.int32) & -16).view(torch.float32)
+    restored = (codes - zero) * read_scale
+    return ((restored @ hadamard.T) / dim * signs).to(x.dtype)
+
+
 SCHEMES: Dict[str, FakeQuantize] = {
     "bf16": bf16_roundtrip,
     "govinda_int8": govinda_int8,
@@ -132,6 +198,10 @@ SCHEMES: Dict[str, FakeQuantize] = {
     "govinda_int8_rotated": govinda_int8_rotated,
     "int8_signed_hadamard": govinda_int8_signed_hadamard,
     "fp8_e4m3": fp8_e4m3_unit_scale,
+    "int4_sym": int4_symmetric,
+    "int4_sym_rotated": _rotated(int4_symmetric),
+    "int4_asym_rotated": _rotated(int4_asymmetric),
+    "vllm_int4": vllm_int4,
 }
 
 SCHEME_DESCRIPTIONS: Dict[str, str] = {
@@ -144,6 +214,10 @@ SCHEME_DESCRIPTIONS: Dict[str, str] = {
     "govinda_int8_rotated": "Govinda INT8 with GOVINDA_KV_ROTATION=hadamard (the kernels' fp32 butterfly rotation)",
     "int8_signed_hadamard": "candidate: fixed random channel signs, then the Hadamard rotation, then Govinda INT8",
     "fp8_e4m3": "vLLM fp8_e4m3, per-tensor scale 1.0",
+    "int4_sym": "INT4 candidate (#28), unrotated: symmetric absmax/7, codes -7..7, fp32 scale per (token, head)",
+    "int4_sym_rotated": "INT4 candidate (#28): the kernels' Hadamard rotation, then symmetric absmax/7",
+    "int4_asym_rotated": "INT4 candidate (#28): the kernels' Hadamard rotation, then fp32 scale + fp32 zero point (min), codes 0..15",
+    "vllm_int4": "vLLM 0.26 int4_per_token_head: sign-flipped Hadamard, asymmetric 0..15, zero point in the scale's low mantissa bits",
 }
 
 
