@@ -49,3 +49,10 @@ def test_vllm_int4_keeps_the_zero_point_in_the_scale_mantissa():
     x = ((grid @ hadamard.T) / dim * signs)[None, None, :]
     back = kv_schemes.vllm_int4(x)
     assert float((back - x).abs().max()) < 1e-4
+
+
+def test_grouped_scales_are_finer_than_one_per_row():
+    keys = _keys()
+    per_row = relative_error("int4_asym_rotated", keys)
+    assert relative_error("int4_g32_asym_rotated", keys) < per_row
+    assert relative_error("int4_g16_asym_rotated", keys) < relative_error("int4_g32_asym_rotated", keys)

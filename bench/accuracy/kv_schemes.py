@@ -144,6 +144,17 @@ def int4_asymmetric(x: torch.Tensor) -> torch.Tensor:
     return (torch.round((xf - low) / scale).clamp_(0, INT4_LEVELS) * scale + low).to(x.dtype)
 
 
+def _grouped(quantize: FakeQuantize, group: int) -> FakeQuantize:
+    """``quantize`` with its own scale (and zero point) per ``group`` consecutive elements of a row."""
+
+    def fake(x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        return quantize(x.reshape(*shape[:-1], shape[-1] // group, group)).reshape(shape)
+
+    fake.__name__ = f"{quantize.__name__}_g{group}"
+    return fake
+
+
 def _rotated(quantize: FakeQuantize) -> FakeQuantize:
     """``quantize`` between the kernels' fp32 Hadamard rotation and its inverse (itself)."""
 
@@ -202,6 +213,8 @@ SCHEMES: Dict[str, FakeQuantize] = {
     "int4_sym_rotated": _rotated(int4_symmetric),
     "int4_asym_rotated": _rotated(int4_asymmetric),
     "vllm_int4": vllm_int4,
+    "int4_g32_asym_rotated": _rotated(_grouped(int4_asymmetric, 32)),
+    "int4_g16_asym_rotated": _rotated(_grouped(int4_asymmetric, 16)),
 }
 
 SCHEME_DESCRIPTIONS: Dict[str, str] = {
@@ -218,6 +231,8 @@ SCHEME_DESCRIPTIONS: Dict[str, str] = {
     "int4_sym_rotated": "INT4 candidate (#28): the kernels' Hadamard rotation, then symmetric absmax/7",
     "int4_asym_rotated": "INT4 candidate (#28): the kernels' Hadamard rotation, then fp32 scale + fp32 zero point (min), codes 0..15",
     "vllm_int4": "vLLM 0.26 int4_per_token_head: sign-flipped Hadamard, asymmetric 0..15, zero point in the scale's low mantissa bits",
+    "int4_g32_asym_rotated": "INT4 candidate (#28): the Hadamard rotation, then scale + zero point per 32 elements of a head row",
+    "int4_g16_asym_rotated": "INT4 candidate (#28): the Hadamard rotation, then scale + zero point per 16 elements of a head row",
 }
 
 
