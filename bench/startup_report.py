@@ -213,20 +213,3 @@ def write_reports(result: Dict[str, Any], report_dir: Path) -> Dict[str, Path]:
 
 def load_result(path: Path) -> Dict[str, Any]:
     return json.loads(Path(path).read_text(encoding="utf-8"))
-
-
-def merge_results(results: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """The first result with the sides and runs of the later ones (a side of the same name: the later record)."""
-    merged = dict(results[0])
-    sides = list(merged["sides"])
-    runs = list(merged.get("runs", []))
-    for other in results[1:]:
-        for record in other["sides"]:
-            names = [s["name"] for s in sides]
-            if record["name"] in names:
-                sides[names.index(record["name"])] = record
-            else:
-                sides.append(record)
-        runs += other.get("runs", [])
-    merged.update(sides=sides, runs=runs)
-    return merged
