@@ -7,12 +7,3 @@ fi
 export PYTHONPATH="$PWD:/tmp/site"
 export PYTHONUNBUFFERED=1
 export GOVINDA_CACHE_DIR=/tmp/govinda-cache
-
-# Where a carried folder is (scripts that source this file): at the root, or two levels up from a .dev/NAME copy.
-carried() {
-    for up in "" ../../; do
-        [ -d "$up$1" ] && { echo "$up$1"; return 0; }
-    done
-    echo "no $1 here or in ../.." >&2
-    return 1
-}
