@@ -119,6 +119,13 @@ def _config_label(kind: str, configs, head_dim: int) -> str:
     return configs.decode_config(head_dim).label
 
 
+def _reduce_form_suffix(kind: str, launch: CapturedLaunch) -> str:
+    """The reduce's form (int8_paged_attention._reduce_form): whole rows, or head-dim slices."""
+    if kind != "decode_reduce":
+        return ""
+    return " rows" if launch.kwargs["BLOCK_D"] == launch.kwargs["HEAD_DIM"] else ""
+
+
 def capture_variant(variant: Variant, case: Case) -> list[tuple[str, CapturedLaunch]]:
     """The launches the real wrappers make for ``variant`` on a small batch of ``case``."""
     import torch
@@ -140,9 +147,10 @@ def capture_variant(variant: Variant, case: Case) -> list[tuple[str, CapturedLau
         starts = [0]
         for length in query_lens:
             starts.append(starts[-1] + length)
+        table = block_table.repeat(-(-len(seq_lens) // block_table.shape[0]), 1)  # nothing runs: shapes only
         attention.paged_attention_int8(
             query, cache, torch.zeros_like(query),
-            torch.tensor(starts, dtype=torch.int32), torch.tensor(seq_lens, dtype=torch.int32), block_table,
+            torch.tensor(starts, dtype=torch.int32), torch.tensor(seq_lens, dtype=torch.int32), table,
             block_size=block_size, num_kv_heads=num_kv_heads, softmax_scale=scale,
             max_query_len=max(query_lens), max_seq_len=max(seq_lens), num_decodes=num_decodes, configs=configs,
             rotation=case.rotation,
@@ -156,6 +164,17 @@ def capture_variant(variant: Variant, case: Case) -> list[tuple[str, CapturedLau
             store.store_kv_int8(keys, keys, cache, slots, block_size=block_size, config=configs.store, rotation=case.rotation)
         if "decode" in variant.kernels:
             attend(configs, [1, 1], [50, 40], 2)  # split-KV: partials + reduce
+            # A batch of many decodes: fewer splits, so the reduce may take its other form
+            # (int8_paged_attention._reduce_form).
+            many = max(2, -(-configs.default_sm_count // num_q_heads))
+            attend(configs, [1] * many, [50] * many, many)
+            if case.rotation != "none":  # the rotated reduce's other form: row slices, the last rotates
+                whole_row_limit = attention.WHOLE_ROW_REDUCE_ELEMENTS
+                attention.WHOLE_ROW_REDUCE_ELEMENTS = 0
+                try:
+                    attend(configs, [1, 1], [50, 40], 2)
+                finally:
+                    attention.WHOLE_ROW_REDUCE_ELEMENTS = whole_row_limit
             single = replace(configs, decode_splits=replace(configs.decode_splits, max_splits=1))
             attend(single, [1, 1], [50, 40], 2)  # one split: the decode kernel writes the output
         if "prefill" in variant.kernels:
@@ -177,7 +196,7 @@ def build_jobs(cases: Iterable[Case], archs: Sequence[str], *, with_candidates: 
     for case in cases:
         for variant in variants(case.head_dim, with_candidates=with_candidates):
             for kind, launch in capture_variant(variant, case):
-                label = _config_label(kind, variant.configs, case.head_dim)
+                label = _config_label(kind, variant.configs, case.head_dim) + _reduce_form_suffix(kind, launch)
                 if (case, kind, label) in seen:  # a candidate equal to the table's entry
                     continue
                 seen.add((case, kind, label))

@@ -17,12 +17,16 @@ load (one memory latency per tile) and its softmax sum stays per (token, head) u
 Launched with ``num_stages > 1`` the tile loop is software-pipelined by Triton: cp.async into
 shared memory on NVIDIA, the stream pipeliner's LDS buffers on AMD.
 
-Rotation (``ROTATE``): with the cache holding Hadamard-rotated rows, the query is rotated on
-the way in and the output on the way out, both as tensor-core products with the +-1 Sylvester
-matrix of one slice (``H_D = H_{D/s} (x) H_s``: a slice of the rotated vector is a signed sum of
-the rotated slices). The query product is exact (bf16/fp16 times +-1, fp32 sums); the
-accumulator enters as a high and a low half of the query dtype, which leaves an error below
-2^-16 of each value.
+Rotation (``ROTATE``): with the cache holding Hadamard-rotated rows, the split kernel rotates
+the query on the way in, as tensor-core products with the +-1 Sylvester matrix of one slice
+(``H_D = H_{D/s} (x) H_s``: a slice of the rotated vector is a signed sum of the rotated
+slices); the product is exact (bf16/fp16 times +-1, fp32 sums). The output is rotated back once
+per (decode, head), in fp32 with :func:`kv_rotation.hadamard_rows`, by the reduce kernel: its
+programs either hold a whole row (few splits: cheap enough) or merge head-dim slices of it as
+unrotated, park them in the workspace, and the last one to finish a row (an atomic count per
+row) rotates the whole row (many splits: the reduce keeps its parallelism). So the KV loop and
+the epilogue are the unrotated kernel's, and a rotated decode always goes through the reduce,
+even with a single split.
 
 Launched by :mod:`int8_paged_attention`, which picks the tile, slice and split count.
 """
@@ -33,6 +37,7 @@ import triton
 import triton.language as tl
 
 from .int8_attention_tiles import dot_operand
+from .kv_rotation import hadamard_rows
 
 __all__ = ["decode_split_kernel", "decode_reduce_kernel", "MAX_SLICES"]
 
@@ -76,34 +81,6 @@ def _rotate_exact(x0, x1, x2, x3, D_SLICE: tl.constexpr, NUM_SLICES: tl.constexp
     if NUM_SLICES > 2:
         w2 = tl.dot(signs, x2)
         w3 = tl.dot(signs, x3)
-    r0, r1, r2, r3 = _signed_sums(w0, w1, w2, w3, NUM_SLICES)
-    return r0 * NORM, r1 * NORM, r2 * NORM, r3 * NORM
-
-
-@triton.jit
-def _split_dot(signs, x, DOT_DTYPE: tl.constexpr, UPCAST_DOT: tl.constexpr):
-    """``signs @ x`` for fp32 ``x``: its high and low halves in the dot dtype, two products."""
-    high = x.to(DOT_DTYPE)
-    low = (x - high.to(tl.float32)).to(DOT_DTYPE)
-    return tl.dot(signs, dot_operand(high, DOT_DTYPE, UPCAST_DOT)) + tl.dot(signs, dot_operand(low, DOT_DTYPE, UPCAST_DOT))
-
-
-@triton.jit
-def _rotate_fp32(x0, x1, x2, x3, D_SLICE: tl.constexpr, NUM_SLICES: tl.constexpr, NORM: tl.constexpr,
-                 DOT_DTYPE: tl.constexpr, UPCAST_DOT: tl.constexpr):
-    """``H x`` of fp32 slices ``x_j [D_SLICE, G]``."""
-    # Built here, not kept from the query's rotation: a +-1 tile held live across the KV loop
-    # came out corrupted on sm90 (Triton 3.6) when it had the K slice's shape.
-    signs = dot_operand(_signs(D_SLICE, DOT_DTYPE), DOT_DTYPE, UPCAST_DOT)
-    w0 = _split_dot(signs, x0, DOT_DTYPE, UPCAST_DOT)
-    w1 = w0
-    w2 = w0
-    w3 = w0
-    if NUM_SLICES > 1:
-        w1 = _split_dot(signs, x1, DOT_DTYPE, UPCAST_DOT)
-    if NUM_SLICES > 2:
-        w2 = _split_dot(signs, x2, DOT_DTYPE, UPCAST_DOT)
-        w3 = _split_dot(signs, x3, DOT_DTYPE, UPCAST_DOT)
     r0, r1, r2, r3 = _signed_sums(w0, w1, w2, w3, NUM_SLICES)
     return r0 * NORM, r1 * NORM, r2 * NORM, r3 * NORM
 
@@ -201,9 +178,10 @@ def decode_split_kernel(
     WRITE_OUTPUT: tl.constexpr,  # single split: normalise and write the output directly
     DOT_DTYPE: tl.constexpr,  # the query dtype (tl.bfloat16 / tl.float16)
     UPCAST_DOT: tl.constexpr,
-    ROTATE: tl.constexpr,
+    ROTATE: tl.constexpr,  # rotate the query (the reduce kernel rotates the output back)
     ROTATION_NORM: tl.constexpr,
 ):
+    tl.static_assert(not (ROTATE and WRITE_OUTPUT), "a rotated decode writes its output through the reduce kernel")
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -313,17 +291,7 @@ def decode_split_kernel(
     if ONE_LOAD:
         l_i = tl.sum(l_t, axis=0)
 
-    if ROTATE:
-        # Rotated normalised (bounded by the values, whatever the dtype of the halves), then
-        # scaled back by the sum where the reduce kernel weighs unnormalised partials.
-        inv_l = 1.0 / l_i
-        acc0, acc1, acc2, acc3 = _rotate_fp32(
-            acc0 * inv_l[None, :], acc1 * inv_l[None, :], acc2 * inv_l[None, :], acc3 * inv_l[None, :],
-            D_SLICE, NUM_SLICES, ROTATION_NORM, DOT_DTYPE, UPCAST_DOT,
-        )
-        scale = tl.full([GROUP_PAD], 1.0, tl.float32) if WRITE_OUTPUT else l_i
-    else:
-        scale = 1.0 / l_i if WRITE_OUTPUT else tl.full([GROUP_PAD], 1.0, tl.float32)
+    scale = 1.0 / l_i if WRITE_OUTPUT else tl.full([GROUP_PAD], 1.0, tl.float32)
     _store_slice(acc0, scale, 0, output_ptr, partial_acc_ptr, token, heads, col_valid, entry,
                  stride_o_token, stride_o_head, stride_o_dim, HEAD_DIM, D_SLICE, WRITE_OUTPUT)
     if NUM_SLICES > 1:
@@ -339,12 +307,23 @@ def decode_split_kernel(
         tl.store(partial_sum_ptr + entry, l_i, mask=col_valid)
 
 
+@triton.jit
+def _rotated_row(row, HEAD_DIM: tl.constexpr, LOG2_HEAD_DIM: tl.constexpr, NORM: tl.constexpr):
+    """``H row`` of one fp32 row ``[HEAD_DIM]``, rotated as copies filling at least 128 elements
+    (a 4-warp program's lanes): a 64-element row alone faulted on sm90 (Triton 3.6) in the
+    butterfly's reshapes (reports/h200/decode-bandwidth.md)."""
+    COPIES: tl.constexpr = max(1, 128 // HEAD_DIM)
+    rows = tl.broadcast_to(row[None, :], (COPIES, HEAD_DIM))
+    return tl.max(hadamard_rows(rows, COPIES, HEAD_DIM, LOG2_HEAD_DIM, NORM), axis=0)  # equal copies
+
+
 @triton.jit(do_not_specialize=["num_tokens", "num_splits"])
 def decode_reduce_kernel(
     output_ptr,
     partial_acc_ptr,
     partial_max_ptr,
     partial_sum_ptr,
+    row_count_ptr,  # int32 [entries * NUM_Q_HEADS], zero between launches (ROTATE only)
     query_start_loc_ptr,
     seq_lens_ptr,
     num_tokens,
@@ -358,6 +337,9 @@ def decode_reduce_kernel(
     MIN_TILES_PER_SPLIT: tl.constexpr,
     SPLIT_CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    ROTATE: tl.constexpr,  # rotate each merged row back
+    LOG2_HEAD_DIM: tl.constexpr,
+    ROTATION_NORM: tl.constexpr,
 ):
     """Merge the splits of one (decode, query head, head-dim slice).
 
@@ -401,8 +383,26 @@ def decode_reduce_kernel(
 
     has_keys = total > 0.0  # seq_len 0 (or padding): leave the row alone
     out = acc / tl.where(has_keys, total, 1.0)
-    tl.store(
-        output_ptr + query_start.to(tl.int64) * stride_o_token + head * stride_o_head + dims * stride_o_dim,
-        out.to(output_ptr.dtype.element_ty),
-        mask=dims < tl.where(is_decode & has_keys, HEAD_DIM, 0),
-    )
+    out_row = output_ptr + query_start.to(tl.int64) * stride_o_token + head * stride_o_head
+    if ROTATE and BLOCK_D == HEAD_DIM:  # this program holds the whole row
+        out = _rotated_row(out, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM)
+        tl.store(out_row + dims * stride_o_dim, out.to(output_ptr.dtype.element_ty), mask=dims < tl.where(is_decode & has_keys, HEAD_DIM, 0))
+    elif ROTATE:
+        # Every program of a row reads the same split maxima and sums, so all agree on whether
+        # the row is written; none of a row that is not touches the count.
+        if is_decode & has_keys:
+            # Park the merged slice in split 0's entry: its dims were read by this program only.
+            parked = partial_acc_ptr + (first_entry * NUM_Q_HEADS + head) * HEAD_DIM
+            tl.store(parked + dims, out)
+            tl.debug_barrier()  # every thread's slice stored before the count is released
+            count = row_count_ptr + seq.to(tl.int64) * NUM_Q_HEADS + head
+            finished = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
+            if finished == HEAD_DIM // BLOCK_D - 1:  # the row's last slice: rotate the whole row
+                tl.store(count, 0)  # zero again for the next launch
+                row_dims = tl.arange(0, HEAD_DIM)
+                row = tl.load(parked + row_dims, cache_modifier=".cg")  # from L2: other programs' slices
+                row = _rotated_row(row, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM)
+                tl.store(out_row + row_dims * stride_o_dim, row.to(output_ptr.dtype.element_ty))
+    else:
+        tl.store(out_row + dims * stride_o_dim, out.to(output_ptr.dtype.element_ty),
+                 mask=dims < tl.where(is_decode & has_keys, HEAD_DIM, 0))

@@ -19,7 +19,8 @@ columns (``P[:, n] *= v_scale[n]``) before ``P`` is rounded to the query dtype. 
 base 2 with ``log2(e)`` folded into the softmax scale.
 
 Rotation (``rotation="hadamard"``, cache written by the store kernel with the same rotation):
-the decode kernel rotates in-kernel; the prefill runs the unrotated kernel between two
+the decode kernel rotates the query in-kernel and its reduce kernel the output (once per row,
+so a rotated decode always takes the reduce, even with one split); the prefill runs the unrotated kernel between two
 row-rotation passes: the query rows rotated once into the output rows, the kernel in place on
 them (each program reads its own query tile before it writes the same tile), the output rows
 rotated back in place. A pass over the rows costs about what reading and writing them does.
@@ -40,7 +41,7 @@ from .int8_kv_gather import gather_kv_int8
 from .int8_kv_layout import page_offsets
 from .int8_kv_store import float32_view
 from .int8_prefill_attention import prefill_attention_kernel
-from .kv_rotation import NONE, check_rotation, normalizer, rotate_token_rows
+from .kv_rotation import NONE, check_rotation, log2_exact, normalizer, rotate_token_rows
 from .launch_configs import (
     ArchLaunchConfigs,
     decode_num_splits,
@@ -55,6 +56,10 @@ LOG2E = 1.4426950408889634
 # Smallest dimension tl.dot accepts; the decode kernel pads a KV group's query heads to it.
 MIN_DOT_DIM = 16
 _DOT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+# A rotated decode's reduce: up to this many partial values per output row (splits x head_dim),
+# one program merges and rotates a whole row; past it, head-dim slices merge in parallel and the
+# last of a row rotates it (reports/h200/decode-bandwidth.md, top section). Unrotated, slices.
+WHOLE_ROW_REDUCE_ELEMENTS = 16384
 
 
 def decode_splits_for(
@@ -71,12 +76,14 @@ class DecodeWorkspace:
     """Preallocated split-KV partial results (so the decode path allocates nothing).
 
     Entry ``e = seq * num_splits + split`` holds, for every query head, the unnormalised
-    accumulator ``[head_dim]``, the base-2 running max and the exp-sum.
+    accumulator ``[head_dim]``, the base-2 running max and the exp-sum. ``row_count`` (zero
+    between launches) counts the merged slices of each output row of a rotated decode.
     """
 
     partial_acc: torch.Tensor  # fp32 [max_entries * num_q_heads, head_dim]
     partial_max: torch.Tensor  # fp32 [max_entries * num_q_heads]
     partial_sum: torch.Tensor  # fp32 [max_entries * num_q_heads]
+    row_count: torch.Tensor  # int32 [max_entries * num_q_heads]
     max_entries: int
     num_q_heads: int
     head_dim: int
@@ -95,7 +102,8 @@ class DecodeWorkspace:
         """Room for any decode batch of up to ``max_num_seqs`` sequences on ``device``.
 
         The split count shrinks as the batch grows; the buffer is sized for the largest
-        ``num_decodes * num_splits`` over all batch sizes. ``num_kv_heads`` (default 1 = the
+        ``num_decodes * num_splits`` over all batch sizes (a single split counts: a rotated
+        decode writes it there for the reduce kernel). ``num_kv_heads`` (default 1 = the
         worst case) tightens the bound. ``configs`` must be the launch configs the decodes
         will run with (their split policy sizes the buffer).
         """
@@ -103,8 +111,7 @@ class DecodeWorkspace:
         max_entries = 1
         for num_decodes in range(1, max(int(max_num_seqs), 1) + 1):
             splits = decode_splits_for(num_decodes, num_kv_heads, device, configs)
-            if splits > 1:
-                max_entries = max(max_entries, num_decodes * splits)
+            max_entries = max(max_entries, num_decodes * splits)
         return cls.with_entries(max_entries, num_q_heads, head_dim, device)
 
     @classmethod
@@ -115,6 +122,7 @@ class DecodeWorkspace:
             partial_acc=torch.empty((rows, head_dim), dtype=torch.float32, device=device),
             partial_max=torch.empty((rows,), dtype=torch.float32, device=device),
             partial_sum=torch.empty((rows,), dtype=torch.float32, device=device),
+            row_count=torch.zeros((rows,), dtype=torch.int32, device=device),
             max_entries=max_entries,
             num_q_heads=num_q_heads,
             head_dim=head_dim,
@@ -176,6 +184,19 @@ def decode_slice(head_dim: int, config, rotate: bool) -> int:
     return width
 
 
+def _reduce_form(num_decodes, num_q_heads, head_dim, num_splits, rotate, device, configs) -> tuple:
+    """``(BLOCK_D, SPLIT_CHUNK)`` of the reduce launch: head-dim slices of ``reduce.block_n``
+    merging ``reduce.block_m`` splits at a time (fixed, not sized to num_splits: a constexpr that
+    followed the decode count would compile a new reduce kernel for each mixed batch's count while
+    a request waits), or whole rows (see ``WHOLE_ROW_REDUCE_ELEMENTS``) with the chunk cut to keep
+    the table's tile size. A function of the decode count only, so each form is compiled while
+    CUDA graphs are captured."""
+    reduce = configs.reduce
+    if rotate and num_splits * head_dim <= WHOLE_ROW_REDUCE_ELEMENTS:
+        return head_dim, max(1, reduce.block_m * min(reduce.block_n, head_dim) // head_dim)
+    return min(reduce.block_n, head_dim), reduce.block_m
+
+
 def _launch_decode(
     step: _Step,
     *,
@@ -191,14 +212,16 @@ def _launch_decode(
     num_tokens, num_q_heads, head_dim = step.query.shape
     group = num_q_heads // num_kv_heads
     config = configs.decode_config(head_dim)
-    write_output = num_splits == 1
+    # Rotated: the reduce kernel rotates the output back, once per row.
+    write_output = num_splits == 1 and not rotate
     if write_output:
-        partial_acc = partial_max = partial_sum = step.output  # unused by the kernel
+        partial_acc = partial_max = partial_sum = row_count = step.output  # unused by the kernel
     else:
         if workspace is None:  # eager use: exactly this batch's size
             workspace = DecodeWorkspace.with_entries(num_decodes * num_splits, num_q_heads, head_dim, step.query.device)
         workspace.check_fits(num_decodes, num_splits, num_q_heads, head_dim)
         partial_acc, partial_max, partial_sum = workspace.partial_acc, workspace.partial_max, workspace.partial_sum
+        row_count = workspace.row_count
     decode_split_kernel[(num_decodes, num_kv_heads, num_splits)](
         *step,
         partial_acc,
@@ -224,14 +247,14 @@ def _launch_decode(
     )
     if write_output:
         return
-    reduce = configs.reduce
-    block_d = min(reduce.block_n, head_dim)
+    block_d, split_chunk = _reduce_form(num_decodes, num_q_heads, head_dim, num_splits, rotate, step.query.device, configs)
     output = step.output
     decode_reduce_kernel[(num_decodes, num_q_heads, head_dim // block_d)](
         output,
         partial_acc,
         partial_max,
         partial_sum,
+        row_count,
         step.query_start_loc,
         step.seq_lens,
         num_tokens,
@@ -243,11 +266,12 @@ def _launch_decode(
         HEAD_DIM=head_dim,
         BLOCK_N=config.block_n,
         MIN_TILES_PER_SPLIT=configs.decode_splits.min_tiles_per_split,
-        # Fixed, not sized to num_splits: a constexpr that followed the decode count would compile
-        # a new reduce kernel for each mixed batch's count, while a request waits.
-        SPLIT_CHUNK=reduce.block_m,
+        SPLIT_CHUNK=split_chunk,
         BLOCK_D=block_d,
-        **reduce.launch_kwargs(),
+        ROTATE=rotate,
+        LOG2_HEAD_DIM=log2_exact(head_dim),
+        ROTATION_NORM=normalizer(head_dim),
+        **configs.reduce.launch_kwargs(),
     )
 
 

@@ -184,8 +184,11 @@ def test_mixed_batches_of_any_decode_count_reuse_one_compiled_kernel_each(child,
                     splits.add(launch.grid[2])
                 _, (options, signature, constexprs, attrs) = amd_aot.bind_launch(launch, "gfx90a")
                 key = repr((sorted(options.__dict__.items()), signature, sorted(constexprs.items()), sorted(attrs.items())))
-                keys.setdefault(launch.name + ("" if launch.name != "decode_split_kernel" else
-                                               str(launch.kwargs["WRITE_OUTPUT"])), set()).add(key)
+                # The split kernel's single-split form and the reduce's whole-row form are other
+                # specializations by design, each a function of the decode count alone (so each is
+                # compiled while CUDA graphs are captured): one key per form.
+                form = {"decode_split_kernel": "WRITE_OUTPUT", "decode_reduce_kernel": "BLOCK_D"}.get(launch.name)
+                keys.setdefault(launch.name + ("" if form is None else f" {form}={launch.kwargs[form]}"), set()).add(key)
         report({"keys": {name: len(found) for name, found in keys.items()}, "splits": sorted(splits)})
         """,
         compiled_env,
@@ -194,5 +197,5 @@ def test_mixed_batches_of_any_decode_count_reuse_one_compiled_kernel_each(child,
     assert result.returncode == 0, result
     data = result.result
     assert len([s for s in data["splits"] if s > 1]) >= 2, data  # the split count did change
-    assert {"decode_reduce_kernel", "_gather_kv_kernel"} <= set(data["keys"]), data
+    assert "_gather_kv_kernel" in data["keys"] and any(name.startswith("decode_reduce_kernel") for name in data["keys"]), data
     assert all(count == 1 for count in data["keys"].values()), data

@@ -4,7 +4,8 @@ wrong results on sm90 (reports/h200/decode-bandwidth.md). From the repo root on 
     . scripts/h200/env.sh; PYTHONPATH=/tmp/site python3 scripts/h200/decode_rotation_check.py
 Each line: (D, GQA, KV heads, block size, block_n, d_slice, rotation, split|single|store, decodes)
 and the largest error, or the failure. The configuration is passed as built; decode_slice()
-still applies its bounds (since this run: 128-wide slices whenever rotating).
+still applies its bounds (128-wide slices whenever rotating) unless ``--free-slices`` is given,
+which lifts that one bound so the 64-wide rotated slices are checked again.
 """
 import os, sys, subprocess, json
 CASE = r'''
@@ -13,6 +14,9 @@ sys.path.insert(0, os.getcwd())
 from dataclasses import replace
 from govinda_patch.kernel_package import import_kernel
 L = import_kernel("int8_kv_layout"); A = import_kernel("int8_paged_attention"); S = import_kernel("int8_kv_store"); lc = import_kernel("launch_configs")
+if os.environ.get("FREE_SLICES") == "1":
+    _bounded = A.decode_slice
+    A.decode_slice = lambda head_dim, config, rotate: _bounded(head_dim, config, False)
 D, G, HKV, BS, BN, DS, ROT, PART, NDEC = [int(x) if x.isdigit() else x for x in sys.argv[1:10]]
 dev = torch.device("cuda"); torch.manual_seed(0)
 ctx = 4096
@@ -35,11 +39,12 @@ ref = A.attention_reference(q, cache, torch.arange(NDEC + 1, dtype=torch.int32, 
 print("OK", float((out.float() - ref).abs().max()))
 '''
 open("/tmp/case.py", "w").write(CASE)
-env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
+env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1", FREE_SLICES="1" if "--free-slices" in sys.argv else "0")
 cases = [
     (256, 6, 4, 1552, 64, 128, "none", "split", 1),
     (256, 6, 4, 1552, 64, 64, "hadamard", "split", 1),
     (256, 6, 4, 1552, 64, 64, "hadamard", "single", 1),
+    (256, 6, 4, 1552, 64, 64, "hadamard", "split", 8),
     (256, 6, 4, 1552, 64, 128, "hadamard", "split", 1),
     (256, 6, 4, 1552, 64, 128, "hadamard", "single", 1),
     (256, 6, 4, 1552, 128, 64, "hadamard", "split", 1),

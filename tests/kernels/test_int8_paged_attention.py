@@ -23,6 +23,8 @@ at most ``||delta||_2 <= u ||o||_2`` (H's rows have norm 1 and keep norms), so p
 rotated batch add ``u ||o||_2`` of their (token, head) row.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -337,8 +339,6 @@ def test_decode_loop_variants_match_reference(d_slice, num_stages, rotation):
     """Every decode form the launch tables and the tuner may pick (head_dim in 1, 2 or 4
     slices, the software-pipelined tile loop), unrotated and rotated: splits with one tile,
     several tiles, a split whose range ends mid-sequence, and splits past the last tile."""
-    import dataclasses
-
     table = launch_configs.ARCH_TABLES["interpreter"]
     decode = {d: dataclasses.replace(c, d_slice=d_slice, num_stages=num_stages) for d, c in table.decode.items()}
     configs = dataclasses.replace(table, decode=decode)  # passed to the launch: the table stays as it is
@@ -425,6 +425,27 @@ def test_rotated_cache_matches_reference(num_q_heads, num_kv_heads, head_dim, bl
     )
     start, end = batch.real_rows()[0]
     assert (plain[start:end] - reference[start:end]).abs().max().item() > 10 * batch.tolerance()
+
+
+@pytest.mark.parametrize("reduce_form", ["whole_rows", "row_slices"])
+@pytest.mark.parametrize("max_splits", [1, None], ids=["one_split", "split_kv"])
+def test_rotated_decodes_reuse_a_kept_workspace_and_leave_its_row_counts_zero(max_splits, reduce_form, monkeypatch):
+    # A rotated decode always takes the reduce kernel, which rotates each output row: in one
+    # program per row, or (past WHOLE_ROW_REDUCE_ELEMENTS) in the last of the row's head-dim
+    # slices to finish, after an atomic count per row. A pad, a decode without KV, then three
+    # real decodes; the same workspace twice, as replays of a captured graph use it.
+    monkeypatch.setattr(attention, "WHOLE_ROW_REDUCE_ELEMENTS", 1 << 30 if reduce_form == "whole_rows" else 0)
+    batch = Batch(
+        num_q_heads=6, num_kv_heads=2, head_dim=128, block_size=16, query_lens=[1, 0, 1, 1, 1, 9],
+        seq_lens=[70, 0, 0, 33, 140, 20], num_decodes=5, extra_tokens=2, seed=129, rotation="hadamard",
+    )
+    configs = launch_configs.get_launch_configs(batch.query.device)
+    if max_splits is not None:
+        configs = dataclasses.replace(configs, decode_splits=dataclasses.replace(configs.decode_splits, max_splits=max_splits))
+    workspace = attention.DecodeWorkspace.allocate(8, 6, 128, torch.device("cpu"), num_kv_heads=2, configs=configs)
+    for _ in range(2):
+        assert_matches_reference(batch, batch.run(workspace=workspace, configs=configs))
+        assert (workspace.row_count == 0).all()
 
 
 def fp32_attention_on_original_kv(batch):
