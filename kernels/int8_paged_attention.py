@@ -56,9 +56,11 @@ LOG2E = 1.4426950408889634
 # Smallest dimension tl.dot accepts; the decode kernel pads a KV group's query heads to it.
 MIN_DOT_DIM = 16
 _DOT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
-# A rotated decode's reduce: up to this many partial values per output row (splits x head_dim),
-# one program merges and rotates a whole row; past it, head-dim slices merge in parallel and the
-# last of a row rotates it (reports/h200/decode-bandwidth.md, top section). Unrotated, slices.
+# The decode's reduce: up to this many partial values per output row (splits x head_dim), one
+# program merges (rotated: and rotates) a whole row; past it, head-dim slices merge in parallel
+# (rotated: the last of a row rotates it). Unrotated, whole rows only once a step has a row per
+# SM: fewer, fuller programs for batched steps, slices keep batch 1 spread
+# (reports/h200/decode-bandwidth.md, top section).
 WHOLE_ROW_REDUCE_ELEMENTS = 16384
 
 
@@ -192,7 +194,8 @@ def _reduce_form(num_decodes, num_q_heads, head_dim, num_splits, rotate, device,
     the table's tile size. A function of the decode count only, so each form is compiled while
     CUDA graphs are captured."""
     reduce = configs.reduce
-    if rotate and num_splits * head_dim <= WHOLE_ROW_REDUCE_ELEMENTS:
+    rows = num_decodes * num_q_heads
+    if num_splits * head_dim <= WHOLE_ROW_REDUCE_ELEMENTS and (rotate or rows >= sm_count(device, configs)):
         return head_dim, max(1, reduce.block_m * min(reduce.block_n, head_dim) // head_dim)
     return min(reduce.block_n, head_dim), reduce.block_m
 
