@@ -119,11 +119,12 @@ def _config_label(kind: str, configs, head_dim: int) -> str:
     return configs.decode_config(head_dim).label
 
 
-def _reduce_form_suffix(kind: str, launch: CapturedLaunch) -> str:
-    """The reduce's form (int8_paged_attention._reduce_form): whole rows, or head-dim slices."""
+def _reduce_form_suffix(kind: str, launch: CapturedLaunch, configs) -> str:
+    """The reduce's whole-row form (int8_paged_attention._reduce_form) where it is another kernel
+    than the head-dim slices (a head no wider than one slice has one form)."""
     if kind != "decode_reduce":
         return ""
-    return " rows" if launch.kwargs["BLOCK_D"] == launch.kwargs["HEAD_DIM"] else ""
+    return " rows" if launch.kwargs["BLOCK_D"] > min(configs.reduce.block_n, launch.kwargs["HEAD_DIM"]) else ""
 
 
 def capture_variant(variant: Variant, case: Case) -> list[tuple[str, CapturedLaunch]]:
@@ -196,7 +197,7 @@ def build_jobs(cases: Iterable[Case], archs: Sequence[str], *, with_candidates: 
     for case in cases:
         for variant in variants(case.head_dim, with_candidates=with_candidates):
             for kind, launch in capture_variant(variant, case):
-                label = _config_label(kind, variant.configs, case.head_dim) + _reduce_form_suffix(kind, launch)
+                label = _config_label(kind, variant.configs, case.head_dim) + _reduce_form_suffix(kind, launch, variant.configs)
                 if (case, kind, label) in seen:  # a candidate equal to the table's entry
                     continue
                 seen.add((case, kind, label))

@@ -6,7 +6,7 @@ products, see the kernel) and walks a contiguous range of KV tiles computed in-k
 ``seq_lens``, so the grid depends on ``num_decodes`` only (CUDA-graph capturable) and the time
 grows with the KV bytes read. Partial (acc, max, sum) go to the host's ``DecodeWorkspace``;
 :func:`decode_reduce_kernel` merges the splits that hold keys. With a single split the decode
-kernel writes the output itself.
+kernel writes the output itself (unrotated; see Rotation).
 
 Registers decide how many programs an SM / CU keeps in flight, and with them how many KV bytes
 are requested at a time, so head_dim is cut into ``D_SLICE``-wide slices (at most four): each
@@ -384,10 +384,7 @@ def decode_reduce_kernel(
     has_keys = total > 0.0  # seq_len 0 (or padding): leave the row alone
     out = acc / tl.where(has_keys, total, 1.0)
     out_row = output_ptr + query_start.to(tl.int64) * stride_o_token + head * stride_o_head
-    if ROTATE and BLOCK_D == HEAD_DIM:  # this program holds the whole row
-        out = _rotated_row(out, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM)
-        tl.store(out_row + dims * stride_o_dim, out.to(output_ptr.dtype.element_ty), mask=dims < tl.where(is_decode & has_keys, HEAD_DIM, 0))
-    elif ROTATE:
+    if ROTATE and BLOCK_D < HEAD_DIM:
         # Every program of a row reads the same split maxima and sums, so all agree on whether
         # the row is written; none of a row that is not touches the count.
         if is_decode & has_keys:
@@ -404,5 +401,7 @@ def decode_reduce_kernel(
                 row = _rotated_row(row, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM)
                 tl.store(out_row + row_dims * stride_o_dim, row.to(output_ptr.dtype.element_ty))
     else:
+        if ROTATE:  # this program holds the whole row
+            out = _rotated_row(out, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM)
         tl.store(out_row + dims * stride_o_dim, out.to(output_ptr.dtype.element_ty),
                  mask=dims < tl.where(is_decode & has_keys, HEAD_DIM, 0))

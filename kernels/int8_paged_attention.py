@@ -186,16 +186,14 @@ def decode_slice(head_dim: int, config, rotate: bool) -> int:
     return width
 
 
-def _reduce_form(num_decodes, num_q_heads, head_dim, num_splits, rotate, device, configs) -> tuple:
+def _reduce_form(num_decodes, num_q_heads, head_dim, num_splits, num_sms, rotate, reduce) -> tuple:
     """``(BLOCK_D, SPLIT_CHUNK)`` of the reduce launch: head-dim slices of ``reduce.block_n``
     merging ``reduce.block_m`` splits at a time (fixed, not sized to num_splits: a constexpr that
     followed the decode count would compile a new reduce kernel for each mixed batch's count while
     a request waits), or whole rows (see ``WHOLE_ROW_REDUCE_ELEMENTS``) with the chunk cut to keep
     the table's tile size. A function of the decode count only, so each form is compiled while
-    CUDA graphs are captured."""
-    reduce = configs.reduce
-    rows = num_decodes * num_q_heads
-    if num_splits * head_dim <= WHOLE_ROW_REDUCE_ELEMENTS and (rotate or rows >= sm_count(device, configs)):
+    CUDA graphs are captured. ``reduce`` is the table's reduce config."""
+    if num_splits * head_dim <= WHOLE_ROW_REDUCE_ELEMENTS and (rotate or num_decodes * num_q_heads >= num_sms):
         return head_dim, max(1, reduce.block_m * min(reduce.block_n, head_dim) // head_dim)
     return min(reduce.block_n, head_dim), reduce.block_m
 
@@ -208,6 +206,7 @@ def _launch_decode(
     qk_scale: float,
     num_decodes: int,
     num_splits: int,
+    num_sms: int,
     workspace: Optional[DecodeWorkspace],
     configs: ArchLaunchConfigs,
     rotate: bool,
@@ -250,7 +249,7 @@ def _launch_decode(
     )
     if write_output:
         return
-    block_d, split_chunk = _reduce_form(num_decodes, num_q_heads, head_dim, num_splits, rotate, step.query.device, configs)
+    block_d, split_chunk = _reduce_form(num_decodes, num_q_heads, head_dim, num_splits, num_sms, rotate, configs.reduce)
     output = step.output
     decode_reduce_kernel[(num_decodes, num_q_heads, head_dim // block_d)](
         output,
@@ -431,10 +430,9 @@ def paged_attention_int8(
     common = dict(block_size=block_size, num_kv_heads=num_kv_heads, qk_scale=qk_scale, configs=configs, rotate=rotate)
     step = _Step(query, output, kv_cache, cache_f32, query_start_loc, seq_lens, block_table)
     if num_decodes > 0:
-        num_splits = decode_num_splits(
-            num_decodes, num_kv_heads, sm_count(query.device, configs), configs.decode_splits
-        )
-        _launch_decode(step, num_decodes=num_decodes, num_splits=num_splits, workspace=workspace, **common)
+        num_sms = sm_count(query.device, configs)
+        num_splits = decode_num_splits(num_decodes, num_kv_heads, num_sms, configs.decode_splits)
+        _launch_decode(step, num_decodes=num_decodes, num_splits=num_splits, num_sms=num_sms, workspace=workspace, **common)
     if num_seqs > num_decodes and gathered_prefill is not None:
         _gathered_prefill(
             step, plan=gathered_prefill, block_size=block_size, num_kv_heads=num_kv_heads, softmax_scale=softmax_scale,

@@ -6,13 +6,9 @@ reference. From the repo root on the device:
 Each line: the case, the error against the reference, how many of the replays were not bitwise
 equal to the first, and whether every row count is back at zero.
 """
-import os
-import sys
-
 import torch
 
-sys.path.insert(0, os.getcwd())
-from govinda_patch.kernel_package import import_kernel  # noqa: E402
+from govinda_patch.kernel_package import import_kernel
 
 layout = import_kernel("int8_kv_layout")
 attention = import_kernel("int8_paged_attention")
