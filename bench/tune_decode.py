@@ -120,7 +120,7 @@ def bench_context(
         layer, ours_block_size, _ = FA3_GEOMETRIES[geometry]
         config = dataclasses.replace(config, geometry=layer, ours_block_size=ours_block_size)
     config = dataclasses.replace(config, ours_block_size=block_size or config.ours_block_size)
-    ctx = Context(options, config)
+    ctx = Context(options, config, with_vllm=False)  # the sweep times our kernels only
     if ctx.ours is None:
         raise RuntimeError(f"our kernels failed to load: {ctx.ours_error}")
     return ctx

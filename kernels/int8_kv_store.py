@@ -13,8 +13,9 @@ Triton implementation of :func:`int8_kv_layout.store_reference` and is bit-exact
 With ``rotation="hadamard"`` each row is first rotated in fp32 by :mod:`kv_rotation`'s
 butterfly (the same operations as its torch reference, so still bit-exact).
 
-One program handles one (token, kv head) pair for both K and V; padded slots (< 0) return
-before touching memory. No host synchronisation and no allocation: graph-capturable.
+One program handles ``block_m`` tokens of one kv head (the store config's rows per program;
+the GPU tables keep one) for both K and V; padded slots (< 0) and tokens past the end are masked
+and touch no memory. No host synchronisation and no allocation: graph-capturable.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ __all__ = ["store_kv_int8", "store_reference"]
 
 
 @triton.jit
-def _quantize_row(x, QMAX_C: tl.constexpr, SCALE_FLOOR_C: tl.constexpr):
-    """Per-row symmetric int8 quantization of fp32 ``x [D]``; returns ``(int8 [D], fp32 scale)``."""
-    absmax = tl.max(tl.abs(x), axis=0)
+def _quantize_rows(x, QMAX_C: tl.constexpr, SCALE_FLOOR_C: tl.constexpr):
+    """Per-row symmetric int8 quantization of fp32 ``x [R, D]``; returns ``(int8 [R, D], fp32 scale [R])``."""
+    absmax = tl.max(tl.abs(x), axis=1)
     scale = tl.maximum(tl.math.div_rn(absmax, QMAX_C * 1.0), SCALE_FLOOR_C)
-    y = tl.math.div_rn(x, tl.zeros_like(x) + scale)
+    y = tl.math.div_rn(x, tl.zeros_like(x) + scale[:, None])
     # Clamping before rounding equals rounding before clamping because the bounds are integers.
     y = tl.minimum(tl.maximum(y, -QMAX_C * 1.0), QMAX_C * 1.0)
     truncated = y.to(tl.int32)  # rounds toward zero
@@ -50,13 +51,15 @@ def _quantize_row(x, QMAX_C: tl.constexpr, SCALE_FLOOR_C: tl.constexpr):
     return q.to(tl.int8), scale
 
 
-@triton.jit
+# The token count varies per step: one compiled kernel for all of them (no ==1 / %16 variants).
+@triton.jit(do_not_specialize=["num_tokens"])
 def _store_kv_int8_kernel(
     key_ptr,
     value_ptr,
     cache_ptr,  # int8 view of the cache
     cache_f32_ptr,  # float32 view of the same bytes (for the scale regions)
     slot_mapping_ptr,
+    num_tokens,
     stride_key_token,
     stride_key_head,
     stride_key_dim,
@@ -65,6 +68,7 @@ def _store_kv_int8_kernel(
     stride_value_dim,
     stride_cache_block,  # bytes between pages
     stride_cache_block_f32,  # the same distance in float32 elements
+    BLOCK_T: tl.constexpr,  # tokens per program
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     V_DATA_OFFSET: tl.constexpr,  # bytes
@@ -76,33 +80,36 @@ def _store_kv_int8_kernel(
     LOG2_HEAD_DIM: tl.constexpr,
     ROTATION_NORM: tl.constexpr,
 ):
-    token = tl.program_id(0)
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     head = tl.program_id(1)
-    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-    if slot < 0:
-        return
-    block = slot // BLOCK_SIZE
-    offset_in_block = slot % BLOCK_SIZE
+    in_range = tokens < num_tokens
+    slots = tl.load(slot_mapping_ptr + tokens, mask=in_range, other=-1).to(tl.int64)
+    live = slots >= 0
+    block = slots // BLOCK_SIZE
+    offset_in_block = slots % BLOCK_SIZE
     dims = tl.arange(0, HEAD_DIM)
+    rows_live = live[:, None]
 
-    token_64 = token.to(tl.int64)
-    k = tl.load(key_ptr + token_64 * stride_key_token + head * stride_key_head + dims * stride_key_dim)
-    v = tl.load(value_ptr + token_64 * stride_value_token + head * stride_value_head + dims * stride_value_dim)
+    tokens_64 = tokens.to(tl.int64)[:, None]
+    k = tl.load(key_ptr + tokens_64 * stride_key_token + head * stride_key_head + dims[None, :] * stride_key_dim,
+                mask=rows_live, other=0.0)
+    v = tl.load(value_ptr + tokens_64 * stride_value_token + head * stride_value_head + dims[None, :] * stride_value_dim,
+                mask=rows_live, other=0.0)
     k = k.to(tl.float32)
     v = v.to(tl.float32)
     if ROTATE:
-        k = tl.reshape(hadamard_rows(tl.reshape(k, (1, HEAD_DIM)), 1, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM), (HEAD_DIM,))
-        v = tl.reshape(hadamard_rows(tl.reshape(v, (1, HEAD_DIM)), 1, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM), (HEAD_DIM,))
-    k_q, k_scale = _quantize_row(k, QMAX_C, SCALE_FLOOR_C)
-    v_q, v_scale = _quantize_row(v, QMAX_C, SCALE_FLOOR_C)
+        k = hadamard_rows(k, BLOCK_T, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM)
+        v = hadamard_rows(v, BLOCK_T, HEAD_DIM, LOG2_HEAD_DIM, ROTATION_NORM)
+    k_q, k_scale = _quantize_rows(k, QMAX_C, SCALE_FLOOR_C)
+    v_q, v_scale = _quantize_rows(v, QMAX_C, SCALE_FLOOR_C)
 
     row = head * BLOCK_SIZE + offset_in_block  # (head, token) index inside the page
     k_row_ptr = cache_ptr + block * stride_cache_block + row * HEAD_DIM
-    tl.store(k_row_ptr + dims, k_q)
-    tl.store(k_row_ptr + V_DATA_OFFSET + dims, v_q)
+    tl.store(k_row_ptr[:, None] + dims[None, :], k_q, mask=rows_live)
+    tl.store(k_row_ptr[:, None] + V_DATA_OFFSET + dims[None, :], v_q, mask=rows_live)
     scale_base = cache_f32_ptr + block * stride_cache_block_f32 + row
-    tl.store(scale_base + K_SCALE_OFFSET_F32, k_scale)
-    tl.store(scale_base + V_SCALE_OFFSET_F32, v_scale)
+    tl.store(scale_base + K_SCALE_OFFSET_F32, k_scale, mask=live)
+    tl.store(scale_base + V_SCALE_OFFSET_F32, v_scale, mask=live)
 
 
 def float32_view(kv_cache: torch.Tensor) -> torch.Tensor:
@@ -144,12 +151,16 @@ def store_kv_int8(
         return
     cache_f32 = float32_view(kv_cache)
     config = config or get_launch_configs(kv_cache.device).store
-    _store_kv_int8_kernel[(num_tokens, num_kv_heads)](
+    rows = config.block_m
+    if rows < 1 or rows & (rows - 1):
+        raise ValueError(f"the store config's block_m (tokens per program) must be a power of two >= 1, got {rows}")
+    _store_kv_int8_kernel[(triton.cdiv(num_tokens, rows), num_kv_heads)](
         key,
         value,
         kv_cache,
         cache_f32,
         slot_mapping,
+        num_tokens,
         key.stride(0),
         key.stride(1),
         key.stride(2),
@@ -158,6 +169,7 @@ def store_kv_int8(
         value.stride(2),
         kv_cache.stride(0),
         cache_f32.stride(0),
+        BLOCK_T=rows,
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
         V_DATA_OFFSET=offsets.v_data,

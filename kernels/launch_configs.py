@@ -42,7 +42,8 @@ ARCH_ENV_VAR = "GOVINDA_KERNEL_ARCH"
 class KernelConfig:
     """One kernel's tile shape and compiler knobs.
 
-    ``block_m``: query rows per program (prefill) / split chunk of the reduce kernel.
+    ``block_m``: query rows per program (prefill) / split chunk of the reduce kernel / tokens per
+    program (store).
     ``block_n``: KV tokens per tile (prefill, decode) / head-dim slice of the reduce kernel.
     """
 
@@ -163,7 +164,7 @@ ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = MappingProxyType({
         },
         # block_m >= max_splits: the reduce reads all splits in one pass.
         reduce=KernelConfig(block_m=256, block_n=32, num_warps=4),
-        store=KernelConfig(num_warps=2),
+        store=KernelConfig(block_m=1, num_warps=2),
         # Four programs per SM at every batch size (the sweep's best for the batch-1 contexts
         # and 8 x 8K); a short context uses only the splits that hold tiles, and the reduce
         # kernel reads only those.
@@ -190,7 +191,7 @@ ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = MappingProxyType({
             256: KernelConfig(block_n=32, num_warps=4, num_stages=2, d_slice=64),
         },
         reduce=KernelConfig(block_m=128, block_n=32, num_warps=4),
-        store=KernelConfig(num_warps=2),
+        store=KernelConfig(block_m=1, num_warps=2),
         decode_splits=DecodeSplitPolicy(programs_per_sm=4, max_splits=256, min_tiles_per_split=1),
         default_sm_count=80,
     ),
@@ -219,7 +220,7 @@ ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = MappingProxyType({
             256: KernelConfig(block_n=32, num_warps=4, num_stages=1, d_slice=64),
         },
         reduce=KernelConfig(block_m=128, block_n=64, num_warps=4, num_stages=1),
-        store=KernelConfig(num_warps=1, num_stages=1),
+        store=KernelConfig(block_m=1, num_warps=1, num_stages=1),
         decode_splits=DecodeSplitPolicy(programs_per_sm=4, max_splits=256, min_tiles_per_split=1),
         default_sm_count=64,
     ),
@@ -237,7 +238,7 @@ ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = MappingProxyType({
             256: KernelConfig(block_n=16, num_warps=4, num_stages=1, d_slice=64),
         },
         reduce=KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=1),
-        store=KernelConfig(num_warps=1, num_stages=1),
+        store=KernelConfig(block_m=1, num_warps=1, num_stages=1),
         decode_splits=DecodeSplitPolicy(programs_per_sm=4, max_splits=128, min_tiles_per_split=1),
         default_sm_count=32,
     ),
@@ -249,7 +250,9 @@ ARCH_TABLES: Mapping[str, ArchLaunchConfigs] = MappingProxyType({
         decode={d: KernelConfig(block_n=32, num_warps=4, num_stages=1, d_slice=32) for d in (64, 128, 256)},
         # A small split chunk so that the reduce kernel's chunk loop runs more than once in tests.
         reduce=KernelConfig(block_m=4, block_n=32, num_warps=4, num_stages=1),
-        store=KernelConfig(num_warps=1, num_stages=1),
+        # 16 tokens per program: the interpreter's cost is per program, and the tests' token
+        # counts leave a partial last one.
+        store=KernelConfig(block_m=16, num_warps=1, num_stages=1),
         decode_splits=DecodeSplitPolicy(programs_per_sm=2, max_splits=16, min_tiles_per_split=1),
         default_sm_count=8,
         # Smaller than the test block sizes: gather tiles straddle pages.

@@ -12,6 +12,8 @@ from the INT8 cache as in vLLM's prefill.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 
 import torch
 from transformers import AttentionInterface
@@ -21,10 +23,22 @@ from govinda_patch.kernel_package import import_kernel
 _layout = import_kernel("int8_kv_layout")
 _store = import_kernel("int8_kv_store")
 _attention = import_kernel("int8_paged_attention")
+_launch_configs = import_kernel("launch_configs")
 
 BLOCK_SIZE = 64
 KERNEL_DTYPE = torch.float16
 _NAME = "govinda_int8_kernels"
+
+
+@functools.lru_cache(maxsize=None)
+def launch_configs():
+    """The interpreter's table with 64-wide prefill tiles (the GPU tables' KV tile) and 64 tokens
+    per store program. The interpreter runs each program in Python, so its table's 16-wide test
+    tiles cost about 6x here; tests/kernels checks those against the references."""
+    base = _launch_configs.get_launch_configs(torch.device("cpu"))
+    tile = _launch_configs.KernelConfig(block_m=64, block_n=BLOCK_SIZE, num_warps=4, num_stages=1)
+    return dataclasses.replace(base, prefill={head_dim: tile for head_dim in base.prefill},
+                               store=dataclasses.replace(base.store, block_m=64))
 
 
 def _kernel_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -38,7 +52,9 @@ def _kernel_attention(module, query, key, value, attention_mask, scaling, dropou
     v = value[0].transpose(0, 1).to(KERNEL_DTYPE)
     num_blocks = -(-num_tokens // BLOCK_SIZE)
     cache = torch.zeros(_layout.cache_shape(num_blocks, BLOCK_SIZE, num_kv_heads, head_dim), dtype=torch.int8)
-    _store.store_kv_int8(k, v, cache, torch.arange(num_tokens), block_size=BLOCK_SIZE, rotation=rotation)
+    configs = launch_configs()
+    _store.store_kv_int8(k, v, cache, torch.arange(num_tokens), block_size=BLOCK_SIZE, config=configs.store,
+                         rotation=rotation)
     output = torch.empty_like(q)
     _attention.paged_attention_int8(
         q,
@@ -54,6 +70,7 @@ def _kernel_attention(module, query, key, value, attention_mask, scaling, dropou
         max_seq_len=num_tokens,
         num_decodes=0,
         rotation=rotation,
+        configs=configs,
     )
     return output.to(query.dtype)[None], None
 

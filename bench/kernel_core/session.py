@@ -144,7 +144,8 @@ def make_config(options: BenchOptions) -> BenchConfig:
 class Context:
     """A run's device, timer, loaded kernels (ours, vLLM's, FA3) and JSON checkpoints."""
 
-    def __init__(self, options: BenchOptions, config: BenchConfig):
+    def __init__(self, options: BenchOptions, config: BenchConfig, with_vllm: bool = True):
+        """``with_vllm=False``: no vLLM contenders (a run of our kernels only skips their import)."""
         import torch
 
         self.options = options
@@ -164,11 +165,14 @@ class Context:
             self.ours_error = None
         except Exception as error:  # recorded; the vLLM contenders still run
             self.ours, self.ours_error = None, f"{type(error).__name__}: {error}"
-        try:
-            self.vllm = load_vllm()
-            self.vllm_error = None
-        except Exception as error:
-            self.vllm, self.vllm_error = None, f"{type(error).__name__}: {error}"
+        if not with_vllm:
+            self.vllm, self.vllm_error = None, "not asked for (a run of our kernels only)"
+        else:
+            try:
+                self.vllm = load_vllm()
+                self.vllm_error = None
+            except Exception as error:
+                self.vllm, self.vllm_error = None, f"{type(error).__name__}: {error}"
         self.fa3, self.fa3_varlen = (None, "not asked for (--fa3)"), None
         if options.fa3 and not options.smoke:
             from govinda_patch.int8.prefill_kernel import fa3_interface, fa3_varlen

@@ -7,6 +7,11 @@ from govinda_patch.kernel_package import import_kernel
 
 layout = import_kernel("int8_kv_layout")
 store = import_kernel("int8_kv_store")
+launch_configs = import_kernel("launch_configs")
+# Tokens per program: one (the GPU tables) and several (the interpreter's table; 29 tokens leave
+# a partial last program).
+ROWS = {"one_row": launch_configs.KernelConfig(block_m=1, num_warps=1),
+        "eight_rows": launch_configs.KernelConfig(block_m=8, num_warps=1)}
 
 
 def fused_qkv_views(num_tokens, num_kv_heads, head_dim, dtype, generator, scale=3.0):
@@ -27,18 +32,19 @@ def random_cache(num_blocks, block_size, num_kv_heads, head_dim, generator):
     return torch.randint(-128, 128, shape, dtype=torch.int8, generator=generator)
 
 
-def store_both(key, value, cache, slot_mapping, block_size):
+def store_both(key, value, cache, slot_mapping, block_size, config=None):
     """Run the kernel and the reference on copies of ``cache``; return both results."""
     ours, expected = cache.clone(), cache.clone()
-    store.store_kv_int8(key, value, ours, slot_mapping, block_size=block_size)
+    store.store_kv_int8(key, value, ours, slot_mapping, block_size=block_size, config=config)
     num_tokens = min(key.shape[0], slot_mapping.shape[0])
     layout.store_reference(key[:num_tokens], value[:num_tokens], expected, slot_mapping[:num_tokens], block_size)
     return ours, expected
 
 
+@pytest.mark.parametrize("rows", sorted(ROWS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize(("head_dim", "block_size"), [(64, 16), (128, 48), (256, 80)], ids=lambda v: str(v))
-def test_store_is_bit_exact(dtype, head_dim, block_size):
+def test_store_is_bit_exact(dtype, head_dim, block_size, rows):
     generator = torch.Generator().manual_seed(head_dim + block_size)
     num_tokens, num_kv_heads = 29, 3
     key, value = fused_qkv_views(num_tokens, num_kv_heads, head_dim, dtype, generator)
@@ -48,7 +54,7 @@ def test_store_is_bit_exact(dtype, head_dim, block_size):
     cache = random_cache(num_blocks, block_size, num_kv_heads, head_dim, generator)
     slot_mapping = torch.randperm(num_blocks * block_size, generator=generator)[:num_tokens]
     slot_mapping[[0, 11, 28]] = -1  # padding
-    ours, expected = store_both(key, value, cache, slot_mapping, block_size)
+    ours, expected = store_both(key, value, cache, slot_mapping, block_size, ROWS[rows])
     assert torch.equal(ours, expected)
     # The padded tokens' rows, and all slots not mapped, kept their random bytes.
     assert not torch.equal(ours, cache)
@@ -77,6 +83,9 @@ def test_store_rounds_half_to_even_and_floors_the_scale():
     value = key.flip(0).clone()
     cache = torch.zeros(layout.cache_shape(1, block_size, 1, head_dim), dtype=torch.int8)
     store.store_kv_int8(key, value, cache, torch.tensor([3, 7]), block_size=block_size)
+    with pytest.raises(ValueError, match="block_m"):  # tokens per program: a power of two
+        store.store_kv_int8(key, value, cache.clone(), torch.tensor([3, 7]), block_size=block_size,
+                            config=launch_configs.KernelConfig(block_m=3))
 
     views = layout.split_cache(cache, block_size, 1, head_dim)
     expected_q = [127, 0, 2, 2, 0, -2, -2, 126, 3, -4]
