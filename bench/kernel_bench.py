@@ -296,11 +296,44 @@ def add_ratios(ctx: Context, case: Dict[str, Any], modes: Sequence[str]) -> None
 
 
 def _ratio(contenders: Dict[str, Any], name: str, baseline: str, mode: str) -> Optional[float]:
-    def time_of(record):
-        return record.get(f"{mode}_time_us_total") or record.get(mode, {}).get("time_us")
-
-    this, base = time_of(contenders.get(name, {})), time_of(contenders.get(baseline, {}))
+    this, base = _ratio_time(contenders, name, mode), _ratio_time(contenders, baseline, mode)
     return this / base if (this and base) else None
+
+
+def add_stream_floor(ctx: Context, case: Dict[str, Any], kv_tokens: int) -> None:
+    """Time a plain streaming read (bench.stream_read) of this case's INT8 cache bytes with the
+    same timer: no kernel that reads them once can be faster, so ``stream_floor_over_<baseline>``
+    is the smallest time ratio the INT8 decode could reach in this timing (launch, L2 state and
+    all), and ``ours_over_stream_floor`` how far ours is from it. Needs the ``stream`` section."""
+    if ctx.smoke or not ctx.stream_bw_gbps:
+        return
+    from bench import stream_read
+
+    geometry = ctx.config.geometry
+    nbytes = kv_tokens * ctx.ours.layout.bytes_per_token(geometry.num_kv_heads, geometry.head_dim)
+    try:
+        result = stream_read.measure(ctx.timer, ctx.device, nbytes, rep_ms=ctx.config.rep_ms)
+    except Exception as error:
+        case["stream_floor"] = error_record(error)
+        return
+    floor_us = nbytes / result["stream_read_GBps"] / 1e3
+    case["stream_floor"] = {"bytes": nbytes, "time_us": floor_us, "read_GBps": result["stream_read_GBps"]}
+    for mode, ratios in case.get("time_ratios", {}).items():
+        if mode != "graph":
+            continue
+        for key, value in list(ratios.items()):
+            if key.startswith("ours_over_") and value:
+                baseline = key[len("ours_over_"):]
+                ours_time = _ratio_time(case["contenders"], f"ours_bs{ctx.config.ours_block_size}", mode)
+                if ours_time:
+                    ratios[f"stream_floor_over_{baseline}"] = value * floor_us / ours_time
+                    ratios["ours_over_stream_floor"] = ours_time / floor_us
+    log(f"  {case['case']}: streaming read of the same {nbytes / 1e6:.1f} MB: {floor_us:.1f} us")
+
+
+def _ratio_time(contenders: Dict[str, Any], name: str, mode: str) -> Optional[float]:
+    record = contenders.get(name, {})
+    return record.get(f"{mode}_time_us_total") or record.get(mode, {}).get("time_us")
 
 
 def section_decode(ctx: Context) -> Dict[str, Any]:
@@ -324,6 +357,7 @@ def section_decode(ctx: Context) -> Dict[str, Any]:
             )
             case.update({"batch": batch, "context": context})
             add_ratios(ctx, case, modes)
+            add_stream_floor(ctx, case, sum(seq_lens))
         except Exception as error:
             case = {"case": name, **error_record(error)}
             log(f"  {name}: ERROR {case['error']}")
