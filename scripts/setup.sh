@@ -59,7 +59,7 @@ find_python() {  # an interpreter for $1 (e.g. 3.10): PATH, pyenv, then the usua
 # uv, pinned by requirements/tools.lock, installed once per tools lock outside the checkout (the
 # builds that scripts/test.sh runs side by side share it; the first to finish puts it in place).
 # It downloads in parallel, keeps the wheels in its cache (UV_CACHE_DIR, default ~/.cache/uv) and
-# links them into the environment; modules are byte-compiled when first imported, not up front.
+# links them into the environment (byte-compiled afterwards, see compile_bytecode).
 uv_from_tools_lock() {  # $1: a Python with pip; prints the path of uv
   local tools_lock="$REPO/requirements/tools.lock" dir partial
   dir="${XDG_CACHE_HOME:-$HOME/.cache}/govinda/tools-$(sha256sum "$tools_lock" | cut -c1-16)"
@@ -79,13 +79,28 @@ matches_lock() {
     && "$VENV/bin/python" -c 'from importlib import metadata; metadata.version("vllm")' >/dev/null 2>&1
 }
 
+# Every module byte-compiled once, at build time. Python otherwise compiles torch, transformers and
+# vLLM from source in every new interpreter wherever it may not write the .pyc files back
+# (PYTHONDONTWRITEBYTECODE=1, set on the shared development machine, or a read-only environment):
+# about 8 s of CPU per interpreter that imports vLLM, and the tests start hundreds. The pass takes
+# ~35 s per line. Files that are not Python 3 (templates, vendored Python 2) fail to compile and
+# are left as they are.
+compile_bytecode() {
+  say "byte-compiling $VENV"
+  "$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
+    >/dev/null 2>&1 || true
+  touch "$VENV/.govinda-bytecode"
+}
+compiled() { [ -f "$VENV/.govinda-bytecode" ]; }
+
 if [ "$CHECK" = 1 ]; then
-  matches_lock
+  matches_lock && compiled
   exit
 fi
 
 if matches_lock; then
   say "reusing $VENV (vLLM $VLLM_LINE, lock $STAMP)"
+  compiled || compile_bytecode  # built before the bytecode pass existed
 else
   BASE_PY="$(find_python "$PY_VERSION")" || { echo "setup.sh: Python $PY_VERSION not found (install it, e.g. with pyenv)" >&2; exit 1; }
   say "creating $VENV with $BASE_PY for vLLM $VLLM_LINE (lock $STAMP)"
@@ -99,6 +114,7 @@ else
     "$VENV/bin/python" -m pip install -q --upgrade pip
     "$VENV/bin/python" -m pip install -q --no-deps -r "$LOCK"
   fi
+  compile_bytecode  # first: the import check below then runs on the compiled modules
   "$VENV/bin/python" -c 'import vllm, torch, triton, wrapt, yaml; print("[setup] vllm", vllm.__version__, "torch", torch.__version__, "triton", triton.__version__)' >&2
   echo "$STAMP" > "$VENV/.govinda-lock"
 fi

@@ -21,7 +21,7 @@
 # Environments live under $GOVINDA_VENV_ROOT (default <repo>/.venvs) and are created by
 # scripts/setup.sh from requirements/vllm-<line>.lock when missing or stale; a line whose
 # environment is not there yet uses <repo>/.venv (plain scripts/setup.sh) when that matches its
-# lock. Builds run beside the pytest jobs, outside their slots (mostly downloads and unpacking),
+# lock. Builds run beside the pytest jobs, outside their slots (downloads, unpacking, one bytecode pass),
 # and a line's jobs start as soon as its environment is there.
 # env-doc: GOVINDA_VENV_ROOT | directory | <repo>/.venvs | Where the per-vLLM-line test environments live (CI points it at a cache keyed by the lock files).
 # env-doc: GOVINDA_TEST_LINES | space-separated vLLM versions | 0.18.1 0.26.0 0.33.0 | Which supported vLLM lines to test.
@@ -122,8 +122,13 @@ run_pytest() {  # line, then pytest arguments
   local venv
   venv="$(cat "$WORK/venv-$line")"
   echo "--- vLLM $line ($venv): pytest $(printf '%q ' "$@")"
-  cd "$REPO" && "$venv/bin/python" -m pytest tests -q -p no:cacheprovider --durations=15 "$@"
+  # vLLM names its model-info cache files (VLLM_CACHE_ROOT/modelinfos) by class, not by version,
+  # and replaces an entry made from another line's source: with lines side by side, children would
+  # keep re-inspecting Qwen3.5 and Llama in an extra interpreter (~15 s each). A root per line.
+  cd "$REPO" && VLLM_CACHE_ROOT="$vllm_cache/govinda-tests-$line" \
+    "$venv/bin/python" -m pytest tests -q -p no:cacheprovider --durations=15 "$@"
 }
+vllm_cache="${VLLM_CACHE_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/vllm}"
 jobs_names=()
 jobs_lines=()
 first_line_jobs=0  # the first line's jobs come first in jobs_names

@@ -11,6 +11,7 @@ in this process.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +20,13 @@ import pytest
 from overlay_testing import child_env, run_child
 
 TESTS = Path(__file__).resolve().parent
+
+# vLLM >= 0.26 imports the humming kernels with its model classes, and importing them starts a
+# detached interpreter that builds humming's CUDA launcher (torch, then an -O3 C++ compile, then a
+# link against libcuda). Every child that resolves a model class started one, and without a CUDA
+# driver the link fails, so nothing was ever cached: seconds of CPU per child on a 2-core machine.
+# No case runs a humming kernel; children inherit this through the environment.
+os.environ.setdefault("HUMMING_DISABLE_PARALLEL_BUILD", "1")
 
 # Cases that import vLLM (here or in a child) or whose outcome depends on the installed vLLM,
 # transformers or the package metadata of a line: whole modules, then fixtures that imply it.
