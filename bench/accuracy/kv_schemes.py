@@ -8,11 +8,17 @@ whose prefill also reads the chunk's own K/V back from the (INT8) cache.
 
 ``govinda_int8`` is exactly Govinda's quantizer (``kernels/int8_kv_layout.py``, which the Triton
 store kernel matches bit for bit); the others are reference points.
+
+A scheme is either one map for both K and V, or a :class:`KVPair` of two maps (K through one
+format, V through another: issue #28's K at 8 bits with V at 4). ``ROW_BYTES`` gives each
+format's bytes per (token, head) row, so :func:`kv_bytes` and :func:`capacity_vs_bf16` state what
+a scheme would cost in a cache.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 from transformers import DynamicCache
@@ -200,7 +206,31 @@ def vllm_int4(x: torch.Tensor) -> torch.Tensor:
     return ((restored @ hadamard.T) / dim * signs).to(x.dtype)
 
 
-SCHEMES: Dict[str, FakeQuantize] = {
+@dataclass(frozen=True)
+class KVPair:
+    """K and V through different formats (``key`` for K, ``value`` for V).
+
+    Built from entries of ``SCHEMES`` by name, so each side runs exactly that scheme's
+    quantizer; the names are kept for the bytes table and the report.
+    """
+
+    key_scheme: str
+    value_scheme: str
+    key: FakeQuantize
+    value: FakeQuantize
+
+
+Scheme = Union[FakeQuantize, KVPair]
+
+
+def kv_maps(scheme: Scheme) -> Tuple[FakeQuantize, FakeQuantize]:
+    """(map for K, map for V): a single map serves both sides."""
+    if isinstance(scheme, KVPair):
+        return scheme.key, scheme.value
+    return scheme, scheme
+
+
+SCHEMES: Dict[str, Scheme] = {
     "bf16": bf16_roundtrip,
     "govinda_int8": govinda_int8,
     "vllm_int8": vllm_int8,
@@ -216,6 +246,20 @@ SCHEMES: Dict[str, FakeQuantize] = {
     "int4_g32_asym_rotated": _rotated(_grouped(int4_asymmetric, 32)),
     "int4_g16_asym_rotated": _rotated(_grouped(int4_asymmetric, 16)),
 }
+
+
+def _pair(key_scheme: str, value_scheme: str) -> KVPair:
+    return KVPair(key_scheme, value_scheme, SCHEMES[key_scheme], SCHEMES[value_scheme])
+
+
+# Issue #28's next step: score errors come from K, so K keeps 8 bits and only V drops to 4.
+# k4_asym_rot_v8_rot is the mirror control: it shows which side the 4-bit cost comes from.
+PAIR_SCHEMES: Dict[str, KVPair] = {
+    "k8_rot_v4_asym_rot": _pair("govinda_int8_rotated", "int4_asym_rotated"),
+    "k8_rot_v4_g32_asym_rot": _pair("govinda_int8_rotated", "int4_g32_asym_rotated"),
+    "k4_asym_rot_v8_rot": _pair("int4_asym_rotated", "govinda_int8_rotated"),
+}
+SCHEMES.update(PAIR_SCHEMES)
 
 SCHEME_DESCRIPTIONS: Dict[str, str] = {
     "fp32": "unquantized fp32 K/V (baseline)",
@@ -233,15 +277,60 @@ SCHEME_DESCRIPTIONS: Dict[str, str] = {
     "vllm_int4": "vLLM 0.26 int4_per_token_head: sign-flipped Hadamard, asymmetric 0..15, zero point in the scale's low mantissa bits",
     "int4_g32_asym_rotated": "INT4 candidate (#28): the Hadamard rotation, then scale + zero point per 32 elements of a head row",
     "int4_g16_asym_rotated": "INT4 candidate (#28): the Hadamard rotation, then scale + zero point per 16 elements of a head row",
+    "k8_rot_v4_asym_rot": "K/V split (#28): K as govinda_int8_rotated, V as int4_asym_rotated",
+    "k8_rot_v4_g32_asym_rot": "K/V split (#28): K as govinda_int8_rotated, V as int4_g32_asym_rotated",
+    "k4_asym_rot_v8_rot": "K/V split (#28), control: K as int4_asym_rotated, V as govinda_int8_rotated",
+}
+
+FP32_SCALE = 4  # bytes of one fp32 scale or zero point
+
+# Bytes of one (token, head) row of K or of V in each format, for head_dim ``d``: the data plus
+# the stored scale (and zero point) in fp32, as the reference quantizers compute them. fp8's
+# per-tensor scale and page padding are left out: they do not grow with tokens.
+ROW_BYTES: Dict[str, Callable[[int], int]] = {
+    "fp32": lambda d: 4 * d,
+    "bf16": lambda d: 2 * d,
+    "govinda_int8": lambda d: d + FP32_SCALE,
+    "vllm_int8": lambda d: d + FP32_SCALE,
+    "int8_asym": lambda d: d + 2 * FP32_SCALE,
+    "int8_hadamard": lambda d: d + FP32_SCALE,
+    "govinda_int8_rotated": lambda d: d + FP32_SCALE,
+    "int8_signed_hadamard": lambda d: d + FP32_SCALE,
+    "fp8_e4m3": lambda d: d,
+    "int4_sym": lambda d: d // 2 + FP32_SCALE,
+    "int4_sym_rotated": lambda d: d // 2 + FP32_SCALE,
+    "int4_asym_rotated": lambda d: d // 2 + 2 * FP32_SCALE,
+    "vllm_int4": lambda d: d // 2 + FP32_SCALE,  # the zero point rides in the scale's mantissa
+    "int4_g32_asym_rotated": lambda d: d // 2 + (d // 32) * 2 * FP32_SCALE,
+    "int4_g16_asym_rotated": lambda d: d // 2 + (d // 16) * 2 * FP32_SCALE,
 }
 
 
-class FakeQuantKVCache(DynamicCache):
-    """A ``DynamicCache`` that stores (and hands to attention) ``fake_quantize(K)``, ``fake_quantize(V)``."""
+def kv_bytes(name: str, head_dim: int) -> Tuple[int, int]:
+    """(K bytes, V bytes) per (token, head) for scheme ``name`` ("fp32" included)."""
+    scheme = SCHEMES.get(name)
+    if isinstance(scheme, KVPair):
+        return ROW_BYTES[scheme.key_scheme](head_dim), ROW_BYTES[scheme.value_scheme](head_dim)
+    row = ROW_BYTES[name](head_dim)
+    return row, row
 
-    def __init__(self, fake_quantize: FakeQuantize, config=None):
+
+def capacity_vs_bf16(name: str, head_dim: int) -> float:
+    """How many times bf16's tokens the same KV bytes hold in scheme ``name`` (page padding aside)."""
+    return sum(kv_bytes("bf16", head_dim)) / sum(kv_bytes(name, head_dim))
+
+
+class FakeQuantKVCache(DynamicCache):
+    """A ``DynamicCache`` that stores (and hands to attention) K and V read back through a scheme.
+
+    ``fake_quantize`` is one map for both, or a :class:`KVPair` (its ``key`` map for K, its
+    ``value`` map for V).
+    """
+
+    def __init__(self, fake_quantize: Scheme, config=None):
         super().__init__(config=config)
         self.fake_quantize = fake_quantize
+        self.quantize_key, self.quantize_value = kv_maps(fake_quantize)
         # Counted so callers can prove the hook ran for every layer and token.
         self.quantized_rows = 0
         self.update_calls = 0
@@ -250,5 +339,5 @@ class FakeQuantKVCache(DynamicCache):
         self.update_calls += 1
         self.quantized_rows += key_states.numel() // key_states.shape[-1]
         return super().update(
-            self.fake_quantize(key_states), self.fake_quantize(value_states), layer_idx, cache_kwargs
+            self.quantize_key(key_states), self.quantize_value(value_states), layer_idx, cache_kwargs
         )

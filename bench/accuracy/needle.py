@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from .kv_schemes import FakeQuantize, FakeQuantKVCache, identity
+from .kv_schemes import FakeQuantKVCache, Scheme, identity
 
 NEEDLE_TEMPLATE = "The secret number is {number}."
 QUESTION = "What is the secret number? Answer with the number only."
@@ -55,7 +55,7 @@ def first_integer(text: str) -> Optional[int]:
 
 
 @torch.no_grad()
-def answer(model, tokenizer, prompt: torch.Tensor, fake_quantize: FakeQuantize) -> str:
+def answer(model, tokenizer, prompt: torch.Tensor, fake_quantize: Scheme) -> str:
     cache = FakeQuantKVCache(fake_quantize)
     output = model.generate(
         prompt,
@@ -76,7 +76,7 @@ def run_probe(
     model,
     tokenizer,
     haystack_ids: List[int],
-    schemes: Dict[str, Optional[FakeQuantize]],
+    schemes: Dict[str, Optional[Scheme]],
     lengths: Sequence[int],
     depths: Sequence[float],
     seed: int = 0,

@@ -28,7 +28,7 @@ from typing import Dict, List
 import torch
 
 from . import model_source, needle, teacher_forced, text_corpus
-from .kv_schemes import SCHEME_DESCRIPTIONS, SCHEMES
+from .kv_schemes import SCHEME_DESCRIPTIONS, SCHEMES, capacity_vs_bf16, kv_bytes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SUBJECT = "govinda_int8"
@@ -37,6 +37,8 @@ SUBJECTS = (SUBJECT, "govinda_int8_rotated")
 # Acceptance goal from the issue (a tier loses its coefficient past 1%; we keep half of it in reserve).
 GOAL_MAX_PPL_INCREASE = 0.005
 GOAL_MIN_TOP1_AGREEMENT = 0.99
+# Head dims the bytes table is given for: SmolLM2's 64 and the Qwen3.5 target's 256.
+STORAGE_HEAD_DIMS = (64, 256)
 
 
 def log(message: str) -> None:
@@ -51,6 +53,15 @@ def package_versions() -> Dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[name] = "missing"
     return versions
+
+
+def storage(name: str) -> Dict[str, Dict[str, object]]:
+    """K and V bytes per (token, head) and the capacity ratio vs bf16, for each STORAGE_HEAD_DIMS."""
+    table = {}
+    for head_dim in STORAGE_HEAD_DIMS:
+        key, value = kv_bytes(name, head_dim)
+        table[str(head_dim)] = {"k_bytes": key, "v_bytes": value, "capacity_vs_bf16": capacity_vs_bf16(name, head_dim)}
+    return table
 
 
 def teacher_forced_study(model, tokenizer, args) -> Dict[str, object]:
@@ -118,6 +129,7 @@ def teacher_forced_study(model, tokenizer, args) -> Dict[str, object]:
         errors = kv_errors[name]
         summary[name] = {
             "description": SCHEME_DESCRIPTIONS[name],
+            "storage_per_token_head": storage(name),
             "overall": teacher_forced.summarize(merged),
             "by_context": teacher_forced.bucket_summaries(merged, all_lengths),
             "by_source": {
@@ -298,6 +310,18 @@ def markdown(report: Dict[str, object]) -> str:
                      for s in source_names]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines.append("| (baseline ppl) | " + " | ".join(f"{first['by_source'][s]['ppl_base']:.3f}" for s in source_names) + " |")
+        stored = {name: data["storage_per_token_head"] for name, data in teacher["schemes"].items() if "storage_per_token_head" in data}
+        if stored:  # reports written before the bytes table existed render without it
+            dims = list(next(iter(stored.values())))
+            lines += ["", "Storage per (token, head), data plus fp32 scales / zero points (page padding aside); "
+                      "capacity = bf16's K+V bytes over the scheme's:", "",
+                      "| scheme | " + " | ".join(f"K + V bytes, D={d}" for d in dims) + " | "
+                      + " | ".join(f"capacity vs bf16, D={d}" for d in dims) + " |",
+                      "| --- |" + " ---: |" * (2 * len(dims))]
+            for name, table in stored.items():
+                byte_cells = [f"{table[d]['k_bytes']} + {table[d]['v_bytes']} = {table[d]['k_bytes'] + table[d]['v_bytes']}" for d in dims]
+                ratio_cells = [f"{table[d]['capacity_vs_bf16']:.2f}x" for d in dims]
+                lines.append(f"| {name} | " + " | ".join(byte_cells + ratio_cells) + " |")
     elif teacher is not None:
         lines += ["## Teacher-forced: FAILED", "", f"```\n{teacher}\n```"]
     probe = report.get("needle")

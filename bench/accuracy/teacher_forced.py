@@ -12,14 +12,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .kv_schemes import FP8_E4M3_MAX, FakeQuantize, FakeQuantKVCache, identity
+from .kv_schemes import FP8_E4M3_MAX, FakeQuantKVCache, Scheme, identity, kv_maps
 
 # Context-length buckets (tokens of context, inclusive lower / exclusive upper bound).
 DEFAULT_BUCKETS: Tuple[Tuple[int, int], ...] = ((1, 1024), (1024, 2048), (2048, 4096), (4096, 8193))
 
 
 @torch.no_grad()
-def final_hidden_states(model, input_ids: torch.Tensor, fake_quantize: Optional[FakeQuantize]):
+def final_hidden_states(model, input_ids: torch.Tensor, fake_quantize: Optional[Scheme]):
     """Last-layer hidden states ``[T, hidden]`` and the cache holding what attention read.
 
     The whole window runs as one prefill through :class:`FakeQuantKVCache`; ``fake_quantize=None``
@@ -117,18 +117,19 @@ def bucket_summaries(
 
 
 @torch.no_grad()
-def quantizer_error(baseline_cache: FakeQuantKVCache, fake_quantize: FakeQuantize) -> Dict[str, float]:
+def quantizer_error(baseline_cache: FakeQuantKVCache, fake_quantize: Scheme) -> Dict[str, float]:
     """Error of one scheme applied to the baseline's real post-RoPE K and V (all layers).
 
     Isolates the number format from error propagation through the network: relative L2 error,
     and the fraction of elements at or beyond the fp8 e4m3 range (saturation risk of unit scales).
     """
     stats: Dict[str, float] = {}
+    maps = dict(zip(("k", "v"), kv_maps(fake_quantize)))
     for kind in ("k", "v"):
         err_sq, ref_sq, saturated, total, absmax = 0.0, 0.0, 0, 0, 0.0
         for layer in baseline_cache.layers:
             raw = (layer.keys if kind == "k" else layer.values).float()
-            err_sq += float(torch.linalg.vector_norm(fake_quantize(raw) - raw)) ** 2
+            err_sq += float(torch.linalg.vector_norm(maps[kind](raw) - raw)) ** 2
             ref_sq += float(torch.linalg.vector_norm(raw)) ** 2
             saturated += int((raw.abs() >= FP8_E4M3_MAX).sum())
             total += raw.numel()
