@@ -16,6 +16,8 @@ Lines read (vLLM 0.18.1 / 0.26 / 0.33; 0.33 may put a tag such as ``[backbone] `
 and the overlay's (govinda_patch/int8/guard.py, tuner.py):
   ``kernel self-test passed on NVIDIA H200 (...)`` / ``group int8_kv reverted to stock vLLM: kernel
   self-test failed: ...``                                            (no duration logged)
+  ``kernel self-test (background) passed on NVIDIA H200 in 14.2 s``  (GOVINDA_SELFTEST=auto, a server launch)
+  ``...; waited 3.1 s for the background self-test``                 (the engine's guard, when it waited)
   ``tune: chose ... (21/21 candidates usable, 24.8 s)``               (the tuning child)
   ``INT8 attention launch configs for SHAPE: tuned (tuned in 24.8 s) ...`` / ``tuned (cached) ...`` / ``hand table ...``
 and vLLM's JIT monitor (vllm/utils/jit_monitor.py, 0.26 and later):
@@ -62,6 +64,10 @@ PHASES = (
     Phase("init_engine_s", re.compile(r"init engine \(profile, create kv cache, warmup model\) took " + _NUMBER + r" ?s")),
     # The overlay's tuning child: its total (the candidates timed, their compiles included).
     Phase("overlay_tune_s", re.compile(r"govinda \w+ \[pid \d+\] tune: chose .*[(,] " + _NUMBER + r" s(?:,|\))")),
+    # GOVINDA_SELFTEST=auto: the self-test started beside vLLM's start-up, and what the engine waited for it.
+    Phase("overlay_selftest_background_s", re.compile(r"govinda \w+ \[pid \d+\] kernel self-test \(background\) \w+ on .* in "
+                                                      + _NUMBER + r" s")),
+    Phase("overlay_selftest_wait_s", re.compile(r"waited " + _NUMBER + r" s for the background self-test")),
 )
 PHASE_NAMES = tuple(phase.name for phase in PHASES)
 

@@ -19,6 +19,8 @@ PHASE_COLUMNS = (
     ("cuda_graph_capture_s", "CUDA graphs"),
     ("init_engine_s", "init engine"),
     ("overlay_tune_s", "overlay tuning"),
+    ("overlay_selftest_background_s", "self-test (background)"),
+    ("overlay_selftest_wait_s", "waited for it"),
 )
 NONE = "–"
 

@@ -105,6 +105,11 @@ def _selftest(args) -> int:
     from .settings import KV_ROTATIONS
 
     rotations = KV_ROTATIONS if args.all_rotations else None
+    if args.prefetch:
+        from .int8.selftest_prefetch import run_prefetch
+        from .settings import current
+
+        return run_prefetch(current(), 0 if args.device_index is None else args.device_index)
     if args.json:
         return main_json(args.device_index, rotations)
     verdict = run_selftest(args.device_index, rotations)
@@ -159,6 +164,8 @@ def main(argv=None) -> int:
     selftest = commands.add_parser("selftest", help="run the INT8 kernel self-test in this process")
     selftest.add_argument("--json", action="store_true", help="one JSON line (used by the cached self-test)")
     selftest.add_argument("--device-index", type=int, default=None, help="the GPU to test (default: the current one)")
+    selftest.add_argument("--prefetch", action="store_true",
+                          help="test the first visible GPU in a child and cache the verdict (started by `vllm serve`)")
     selftest.add_argument("--all-rotations", action="store_true", help="test every KV rotation, not only GOVINDA_KV_ROTATION's")
     tune = commands.add_parser("tune", help="time the launch-config candidates for one model shape (the tuning child)")
     tune.add_argument("--json", action="store_true", help="tune now, print one JSON line (the tuning child; the default)")

@@ -58,4 +58,34 @@ def on_vllm_imported(environ=None) -> Overlay | None:
         return OVERLAY
     if not any(e.state == PENDING for e in overlay.entries.values()):
         overlay.log_status_once()
+    _start_guards_early(overlay)
     return OVERLAY
+
+
+# The module whose import precedes the worker's device initialisation in every engine process
+# (the default worker class of the CUDA and ROCm platforms on every verified line).
+WORKER_MODULE = "vllm.v1.worker.gpu_worker"
+
+
+def _start_guards_early(overlay: Overlay) -> None:
+    """Start the kernel self-test in the background when this process launches a server, and make
+    every process wait for it before its worker initialises the GPU (``int8.selftest_prefetch``).
+    Never raises unless strict: the guard then runs the test inline."""
+    settings = overlay.settings
+    guarded = {group.name for group in overlay.table.groups if group.guard == "kernel_selftest"}
+    planned = any(e.spec.group in guarded and e.state == PENDING for e in overlay.entries.values())
+    if settings.selftest != "auto" or not planned:
+        return
+    try:
+        import wrapt
+
+        from .int8 import selftest_prefetch
+
+        note = selftest_prefetch.start(settings)
+        if note:
+            logger.info(note)
+        wrapt.register_post_import_hook(lambda module: selftest_prefetch.wait(settings), WORKER_MODULE)
+    except Exception as exc:
+        if settings.strict:
+            raise GovindaStrictError(f"self-test prefetch: {type(exc).__name__}: {exc}") from exc
+        logger.warning("kernel self-test not started early (%s: %s); it runs inline", type(exc).__name__, exc)

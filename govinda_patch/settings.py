@@ -22,7 +22,7 @@ from .excerpt import excerpt
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-SELFTEST_MODES = ("auto", "skip")
+SELFTEST_MODES = ("auto", "inline", "skip")
 TUNE_MODES = ("auto", "off", "force")
 DEFAULT_TUNE_BUDGET_S = 60.0
 # Above this a budget is a mistake: the tuning child's timeout (budget + margin) overflows the
@@ -66,7 +66,9 @@ GLOBAL_SWITCHES = (
         "GOVINDA_SELFTEST",
         " | ".join(SELFTEST_MODES),
         "auto",
-        "auto: run the kernel self-test once per kernel/device version before a kernel group takes effect; "
+        "auto: run the kernel self-test once per kernel/device version before a kernel group takes effect, started in the "
+        "background as soon as `vllm serve` launches and awaited before the engine initialises its GPU; "
+        "inline: the same test, run only when the engine first needs the verdict (during model construction); "
         "skip: trust the kernels (CPU-only tests).",
     ),
     GlobalSwitch(

@@ -381,3 +381,41 @@ def test_selftest_passes_with_the_triton_interpreter(child, dcu_env):
     assert result.returncode == 0, result
     assert result.result[0] == "CUSTOM"
     assert any("kernel self-test passed" in l for l in result.govinda_lines()), result.govinda_lines()
+
+
+def test_a_server_launch_tests_the_kernels_in_the_background_before_the_worker_starts(child, dcu_env, cache_dir):
+    """GOVINDA_SELFTEST=auto in a `vllm serve` process: the self-test starts when vLLM is imported,
+    the worker module's import waits for it, and the guard then reads its verdict (no child of its own)."""
+    code = """
+    import sys, time
+    sys.argv = ["/usr/local/bin/vllm", "serve", "m"]  # what the overlay sees in a server's API process
+    begin = time.monotonic()
+    import vllm
+    imported = time.monotonic() - begin
+    import vllm.v1.worker.gpu_worker  # the engine's worker: waits for the background self-test
+    waited = time.monotonic() - begin - imported
+    from govinda_patch.int8 import child as child_runner
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("the guard ran a self-test child although the background one cached its verdict")
+
+    child_runner.run_subcommand = no_child
+    from vllm.platforms import current_platform
+    import vllm.platforms.rocm as rocm
+    report({"first": rocm._get_backend_priorities(False, False)[0].name, "imported": imported, "waited": waited})
+    """
+    env = dict(dcu_env, GOVINDA_SELFTEST="auto", TRITON_INTERPRET="1")
+    first = child(code, env, timeout=900)
+    assert first.returncode == 0, first
+    lines = first.govinda_lines()
+    assert any("kernel self-test started in the background" in l for l in lines), lines
+    assert first.result["first"] == "CUSTOM", lines
+    assert any("kernel self-test passed" in l for l in lines), lines
+    assert "(background) passed" in first.stderr, first.stderr[-2000:]
+    selftest_dir = cache_dir / "selftest"
+    assert len(list(selftest_dir.glob("default-*.json"))) == 1
+    # Warm: the alias shows the verdict is cached, so nothing starts and nothing is waited for.
+    second = child(code, env, timeout=900)
+    assert second.returncode == 0, second
+    assert not any("started in the background" in l for l in second.govinda_lines()), second.govinda_lines()
+    assert second.result["first"] == "CUSTOM" and "(background)" not in second.stderr

@@ -52,7 +52,7 @@ def test_cold_start_phases_and_the_overlays_lines():
     assert parsed["phases"] == {
         "weights_load_s": None, "model_load_s": 25.771976, "dynamo_transform_s": 6.68, "graph_compile_s": 10.2,
         "graph_cache_load_s": None, "torch_compile_s": 22.37, "profile_warmup_s": 0.59, "cuda_graph_capture_s": 11.0,
-        "init_engine_s": 85.71, "overlay_tune_s": 24.8,
+        "init_engine_s": 85.71, "overlay_tune_s": 24.8, "overlay_selftest_background_s": None, "overlay_selftest_wait_s": None,
     }
     assert parsed["overlay"] == {"selftest": "passed", "selftest_lines": 2,
                                  "launch_configs": {"d128-q32-kv8-b16-bf16": {"origin": "tuned", "tuned_s": 24.8}}}
@@ -143,3 +143,16 @@ def test_committed_h200_logs():
     stock = startup_phases.read_log(H200 / "dense128_bench_serve_fa3_bf16.log")
     assert stock["phases"]["init_engine_s"] == 52.4 and stock["phases"]["overlay_tune_s"] is None
     assert stock["overlay"]["selftest_lines"] == 0 and stock["jit"]["count"] == 0
+
+
+def test_the_background_self_test_and_the_wait_for_it_are_phases():
+    log = "\n".join([
+        "govinda INFO [pid 11] kernel self-test started in the background (pid 12), beside vLLM's start-up",
+        "govinda INFO [pid 12] kernel self-test (background) passed on NVIDIA H200 in 14.2 s",
+        "(EngineCore pid=13) govinda INFO [pid 13] kernel self-test passed on NVIDIA H200 ({'none': {}}); "
+        "waited 3.1 s for the background self-test",
+    ])
+    parsed = startup_phases.parse_log(log, frozenset())
+    assert parsed["phases"]["overlay_selftest_background_s"] == 14.2
+    assert parsed["phases"]["overlay_selftest_wait_s"] == 3.1
+    assert parsed["overlay"]["selftest"] == "passed" and parsed["overlay"]["selftest_lines"] == 1

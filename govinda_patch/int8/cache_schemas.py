@@ -31,6 +31,12 @@ class SelftestVerdict(_Entry):
     cacheable: Optional[bool] = None
 
 
+class DeviceAlias(_Entry):
+    """``selftest/default-<key>.json``: the GPU model a process without a device tests (the prefetch)."""
+
+    device_key: str = Field(max_length=1000)
+
+
 class TunedChoiceEntry(_Entry):
     """``kernels/launch_configs.TunedChoice.to_json()``: three flat records of launch parameters."""
 

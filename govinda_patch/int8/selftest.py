@@ -100,16 +100,19 @@ def run_selftest(device_index=None, rotations=None) -> dict:
         device, device_name = torch.device("cpu"), "cpu (TRITON_INTERPRET=1)"
     else:
         return {"ok": False, "reason": "no GPU visible (set TRITON_INTERPRET=1 to test kernels on the CPU)"}
+    # The cache key of the device tested, for a prefetch that runs without a GPU context itself.
+    tested_key = device_key(device.index) if device.type == "cuda" else device_key(None)
     summary, problems = {}, []
     for rotation in rotations or (kv_rotation(),):
         try:
             result = _check_kernels(torch, device, rotation)
         except Exception as exc:
-            return {"ok": False, "device": device_name, "reason": f"kv_rotation={rotation}: {type(exc).__name__}: {exc}"}
+            return {"ok": False, "device": device_name, "device_key": tested_key,
+                    "reason": f"kv_rotation={rotation}: {type(exc).__name__}: {exc}"}
         if not result.pop("ok"):
             problems.append(f"kv_rotation={rotation}: {result['problem']}")
         summary[rotation] = result
-    return {"ok": not problems, "device": device_name, "summary": summary, "reason": "; ".join(problems)}
+    return {"ok": not problems, "device": device_name, "device_key": tested_key, "summary": summary, "reason": "; ".join(problems)}
 
 
 def _check_kernels(torch, device, rotation: str) -> dict:

@@ -20,7 +20,7 @@ set -eu
 [ "$#" -ge 1 ] || { echo "usage: $0 SIDE [bench.startup args ...]   (SIDE: govinda or fa3_bf16; one per call)" >&2; exit 2; }
 side=$1
 shift
-sides=scripts/h200/ab_dense128_bench_serve.yaml
+sides=${SIDES:-scripts/h200/ab_dense128_bench_serve.yaml}  # SIDES=scripts/h200/ab_dense128_startup.yaml adds govinda_inline
 OUT_DIR=${OUT:-/tmp/startup}
 mkdir -p "$OUT_DIR"
 . scripts/h200/env.sh

@@ -1,0 +1,167 @@
+"""The kernel self-test started early, in the background, when a vLLM server launches
+(``GOVINDA_SELFTEST=auto``; ``inline`` keeps it where the guard asks, during model construction).
+
+A server's API process imports vLLM tens of seconds before its engine process builds the model
+(issue #29: the inline test added ~15 s to every cold start). So the API process, right after the
+overlay is planned, starts ``python -m govinda_patch selftest --prefetch``, which runs the usual
+self-test child on the first visible GPU and caches its verdict under that GPU's key, the one the
+engine's guard looks up. Nothing in the API process touches the GPU.
+
+The prefetch holds ``selftest/.prefetch.lock`` for its whole life: the API process takes the
+``flock`` before it starts the child and hands the descriptor over, so there is no moment a waiter
+could miss it. The engine waits on that lock (``wait``) before its worker initialises the device
+(vLLM measures free GPU memory there, so no other process of ours may hold any) and again in the
+guard, bounded by the self-test's own timeout. A prefetch that fails in any way only costs its
+time: the guard finds no entry and runs the self-test itself, as ``inline`` does.
+
+On a warm start an alias file (``selftest/default-<key>.json``: which GPU model the first visible
+device was) shows the verdict is already cached, and nothing is started.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ..excerpt import clip
+from . import cache_files, child
+from .device_cache import device_key, write_json_atomically
+from .fingerprint import machine_key
+
+logger = logging.getLogger("govinda")
+
+LOCK_NAME = ".prefetch.lock"
+WAIT_POLL_S = 0.05
+# The prefetch's child is killed after child.SELFTEST_TIMEOUT_S; this covers its start and the write.
+WAIT_LIMIT_S = child.SELFTEST_TIMEOUT_S + 60.0
+
+
+def is_server_launch(argv: Sequence[str]) -> bool:
+    """``vllm serve ...``, ``python -m vllm.entrypoints.cli.main serve ...`` or
+    ``python -m vllm.entrypoints.openai.api_server ...``: the processes that start an engine soon."""
+    if not argv:
+        return False
+    program = str(argv[0]).replace("\\", "/")
+    subcommand = argv[1] if len(argv) > 1 else ""
+    if os.path.basename(program) == "vllm" or program.endswith("vllm/entrypoints/cli/main.py"):
+        return subcommand == "serve"
+    return program.endswith("vllm/entrypoints/openai/api_server.py")
+
+
+def _alias_path(directory: Path) -> Path:
+    # The key of "the first visible device of this host" with this stack: what a process without
+    # a GPU context knows.
+    return directory / f"default-{machine_key(device_key(None))}.json"
+
+
+def cached_for_first_device(directory: Path) -> bool:
+    """True when the alias names a GPU model whose verdict is cached (never raises)."""
+    from .cache_schemas import DeviceAlias, SelftestVerdict
+
+    try:
+        alias = cache_files.read_validated(_alias_path(directory), DeviceAlias)
+        if alias is None:
+            return False
+        return cache_files.read_validated(directory / f"{machine_key(alias['device_key'])}.json", SelftestVerdict) is not None
+    except Exception:
+        return False
+
+
+def start(settings, argv: Optional[Sequence[str]] = None) -> Optional[str]:
+    """Start the background self-test if this process launches a server and no verdict is cached.
+
+    Returns what happened, for the caller's one log line (None: nothing to say). Never raises.
+    """
+    if settings.selftest != "auto" or not is_server_launch(sys.argv if argv is None else argv):
+        return None
+    directory = settings.cache_subdir("selftest")
+    if directory is None:
+        return None  # uncached: the guard runs the test where it is needed
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if cached_for_first_device(directory):
+            return None
+        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as exc:
+        return f"self-test not started early ({type(exc).__name__}: {clip(exc, 200)}); it runs inline"
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return "self-test already running in the background (another server's prefetch)"
+        env = dict(os.environ, GOVINDA_DISABLE="1", GOVINDA_SELFTEST_CHILD="1", PYTHONUNBUFFERED="1")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "govinda_patch", "selftest", "--prefetch"],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(fd,),
+        )
+    except OSError as exc:
+        return f"self-test not started early ({type(exc).__name__}: {clip(exc, 200)}); it runs inline"
+    finally:
+        os.close(fd)  # the child's copy keeps the lock until it exits
+    threading.Thread(target=process.wait, name="govinda-selftest-prefetch", daemon=True).start()  # reap it
+    return f"kernel self-test started in the background (pid {process.pid}), beside vLLM's start-up"
+
+
+def wait(settings, limit_s: float = WAIT_LIMIT_S) -> float:
+    """Block while a background self-test runs; return the seconds waited. Never raises."""
+    directory = settings.cache_subdir("selftest")
+    if directory is None or settings.selftest == "skip":
+        return 0.0
+    try:
+        fd = os.open(directory / LOCK_NAME, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
+    except OSError:
+        return 0.0  # none was ever started here (or the path is unusable: the guard reports that)
+    begin = time.monotonic()
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return time.monotonic() - begin
+            except OSError:
+                if time.monotonic() - begin > limit_s:
+                    return time.monotonic() - begin
+                time.sleep(WAIT_POLL_S)
+    finally:
+        os.close(fd)
+
+
+def run_prefetch(settings, device_index: int = 0) -> int:
+    """The ``selftest --prefetch`` process: test the device in a child, cache the verdict under the
+    device model the child reports, and record that model in the alias. Exit status 0 unless the
+    cache could not be written (the guard then runs the test itself)."""
+    from .cache_schemas import SelftestVerdict
+
+    directory = settings.cache_subdir("selftest")
+    if directory is None:
+        return 1
+    began = time.monotonic()
+    verdict = child.run_subcommand(("selftest", "--json", "--device-index", str(device_index)))
+    key = verdict.get("device_key")
+    if not verdict.get("cacheable", True) or not isinstance(key, str):
+        print(f"govinda: self-test prefetch not cached: {clip(verdict.get('reason') or 'no device key', 300)}", file=sys.stderr)
+        return 1
+    path = directory / f"{machine_key(key)}.json"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with cache_files.locked(directory / ".lock"):
+            try:
+                present = cache_files.read_validated(path, SelftestVerdict)
+            except cache_files.BadCacheFile:
+                present = None
+            if present is None:
+                write_json_atomically(path, verdict)
+            write_json_atomically(_alias_path(directory), {"device_key": key})
+    except OSError as exc:
+        print(f"govinda: self-test prefetch not cached: {type(exc).__name__}: {clip(exc, 300)}", file=sys.stderr)
+        return 1
+    state = "passed" if verdict.get("ok") is True else "FAILED"
+    print(f"govinda INFO [pid {os.getpid()}] kernel self-test (background) {state} on {clip(verdict.get('device'), 100)} "
+          f"in {time.monotonic() - began:.1f} s", file=sys.stderr, flush=True)
+    return 0
