@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from .guards import start_early
 from .manager import PENDING, GovindaStrictError, Overlay, configure_logging
 from .settings import settings_for
 
@@ -68,24 +69,26 @@ WORKER_MODULE = "vllm.v1.worker.gpu_worker"
 
 
 def _start_guards_early(overlay: Overlay) -> None:
-    """Start the kernel self-test in the background when this process launches a server, and make
-    every process wait for it before its worker initialises the GPU (``int8.selftest_prefetch``).
-    Never raises unless strict: the guard then runs the test inline."""
+    """Begin each planned group's guard early (``guards.EARLY_STARTS``: the kernel self-test starts in
+    the background when this process launches a server) and make every process wait for it before
+    its worker initialises the GPU. Never raises unless strict: the guard then runs inline."""
     settings = overlay.settings
-    guarded = {group.name for group in overlay.table.groups if group.guard == "kernel_selftest"}
-    planned = any(e.spec.group in guarded and e.state == PENDING for e in overlay.entries.values())
-    if settings.selftest != "auto" or not planned:
+    if settings.selftest != "auto":
         return
-    try:
-        import wrapt
+    planned = {e.spec.group for e in overlay.entries.values() if e.state == PENDING}
+    names = sorted({group.guard for group in overlay.table.groups if group.guard and group.name in planned})
+    for name in names:
+        try:
+            import wrapt
 
-        from .int8 import selftest_prefetch
-
-        note = selftest_prefetch.start(settings)
-        if note:
-            logger.info(note)
-        wrapt.register_post_import_hook(lambda module: selftest_prefetch.wait(settings), WORKER_MODULE)
-    except Exception as exc:
-        if settings.strict:
-            raise GovindaStrictError(f"self-test prefetch: {type(exc).__name__}: {exc}") from exc
-        logger.warning("kernel self-test not started early (%s: %s); it runs inline", type(exc).__name__, exc)
+            started = start_early(name, settings)
+            if started is None:
+                continue
+            note, waiter = started
+            if note:
+                logger.info(note)
+            wrapt.register_post_import_hook(lambda module, waiter=waiter: waiter(settings), WORKER_MODULE)
+        except Exception as exc:
+            if settings.strict:
+                raise GovindaStrictError(f"guard {name} early start: {type(exc).__name__}: {exc}") from exc
+            logger.warning("guard %s not started early (%s: %s); it runs inline", name, type(exc).__name__, exc)

@@ -17,6 +17,15 @@ from .excerpt import clip
 GUARDS = {
     "kernel_selftest": "govinda_patch.int8.guard:kernel_selftest",
 }
+# name -> (starter, waiter), "module:function" each: work a guard may begin as soon as vLLM is
+# imported (starter(settings) -> a note to log, or None) and what every process must wait for
+# before vLLM's worker touches the device (waiter(settings) -> seconds waited).
+EARLY_STARTS = {
+    "kernel_selftest": (
+        "govinda_patch.int8.selftest_prefetch:start",
+        "govinda_patch.int8.selftest_prefetch:wait",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -27,10 +36,23 @@ class GuardVerdict:
     warning: Optional[str] = None
 
 
+def _resolve(path: str):
+    module_name, _, function = path.partition(":")
+    return getattr(importlib.import_module(module_name), function)
+
+
+def start_early(name: str, settings):
+    """Begin guard ``name``'s early work; return (note or None, waiter) or None if it has none.
+    Raises what the starter raises (the caller decides: the guard then runs inline)."""
+    if name not in EARLY_STARTS:
+        return None
+    starter, waiter = (_resolve(path) for path in EARLY_STARTS[name])
+    return starter(settings), waiter
+
+
 def run_guard(name: str, settings) -> GuardVerdict:
-    module_name, _, function = GUARDS[name].partition(":")
     try:
-        check = getattr(importlib.import_module(module_name), function)
+        check = _resolve(GUARDS[name])
         return check(settings)
     except Exception as exc:
         return GuardVerdict(False, f"guard {name} could not run: {type(exc).__name__}: {clip(exc)}")
