@@ -18,6 +18,8 @@ and the overlay's (govinda_patch/int8/guard.py, tuner.py):
   self-test failed: ...``                                            (no duration logged)
   ``kernel self-test (background) passed on NVIDIA H200 in 14.2 s``  (GOVINDA_SELFTEST=auto, a server launch)
   ``...; waited 3.1 s for the background self-test``                 (the engine's guard, when it waited)
+  ``waited 3.1 s for the background self-test and tuning before ...`` (the engine, before its worker's GPU)
+  ``launch configs in the background, 12.9 s: d128-...: tuned (...)`` (the same background process, after the test)
   ``tune: chose ... (21/21 candidates usable, 24.8 s)``               (the tuning child)
   ``INT8 attention launch configs for SHAPE: tuned (tuned in 24.8 s) ...`` / ``tuned (cached) ...`` / ``hand table ...``
 and vLLM's JIT monitor (vllm/utils/jit_monitor.py, 0.26 and later):
@@ -68,6 +70,8 @@ PHASES = (
     Phase("overlay_selftest_background_s", re.compile(r"govinda \w+ \[pid \d+\] kernel self-test \(background\) \w+ on .* in "
                                                       + _NUMBER + r" s")),
     Phase("overlay_selftest_wait_s", re.compile(r"waited " + _NUMBER + r" s for the background self-test")),
+    # ... and the launch's attention shape tuned after it, in the same background process.
+    Phase("overlay_tune_background_s", re.compile(r"govinda \w+ \[pid \d+\] launch configs in the background, " + _NUMBER + r" s:")),
 )
 PHASE_NAMES = tuple(phase.name for phase in PHASES)
 

@@ -20,6 +20,7 @@ PHASE_COLUMNS = (
     ("init_engine_s", "init engine"),
     ("overlay_tune_s", "overlay tuning"),
     ("overlay_selftest_background_s", "self-test (background)"),
+    ("overlay_tune_background_s", "tuning (background)"),
     ("overlay_selftest_wait_s", "waited for it"),
 )
 NONE = "–"

@@ -109,7 +109,8 @@ def _selftest(args) -> int:
         from .int8.selftest_prefetch import run_prefetch
         from .settings import current
 
-        return run_prefetch(current(), 0 if args.device_index is None else args.device_index)
+        launch = json.loads(args.launch_argv) if args.launch_argv else None
+        return run_prefetch(current(), 0 if args.device_index is None else args.device_index, launch)
     if args.json:
         return main_json(args.device_index, rotations)
     verdict = run_selftest(args.device_index, rotations)
@@ -166,6 +167,8 @@ def main(argv=None) -> int:
     selftest.add_argument("--device-index", type=int, default=None, help="the GPU to test (default: the current one)")
     selftest.add_argument("--prefetch", action="store_true",
                           help="test the first visible GPU in a child and cache the verdict (started by `vllm serve`)")
+    selftest.add_argument("--launch-argv", help="with --prefetch: the server's command line (JSON list), whose "
+                          "attention shape is tuned in the background too")
     selftest.add_argument("--all-rotations", action="store_true", help="test every KV rotation, not only GOVINDA_KV_ROTATION's")
     tune = commands.add_parser("tune", help="time the launch-config candidates for one model shape (the tuning child)")
     tune.add_argument("--json", action="store_true", help="tune now, print one JSON line (the tuning child; the default)")

@@ -23,7 +23,7 @@ GUARDS = {
 EARLY_STARTS = {
     "kernel_selftest": (
         "govinda_patch.int8.selftest_prefetch:start",
-        "govinda_patch.int8.selftest_prefetch:wait",
+        "govinda_patch.int8.selftest_prefetch:wait_before_device",
     ),
 }
 

@@ -67,7 +67,9 @@ GLOBAL_SWITCHES = (
         " | ".join(SELFTEST_MODES),
         "auto",
         "auto: run the kernel self-test once per kernel/device version before a kernel group takes effect, started in the "
-        "background as soon as `vllm serve` launches and awaited before the engine initialises its GPU; "
+        "background as soon as `vllm serve` launches and awaited before the engine initialises its GPU (on that first "
+        "start the same background process then tunes the attention shape vLLM configures from the command line, "
+        "with GOVINDA_TUNE=auto); "
         "inline: the same test, run only when the engine first needs the verdict (during model construction); "
         "skip: trust the kernels (CPU-only tests).",
     ),

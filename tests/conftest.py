@@ -96,6 +96,8 @@ SLOW_CASES = {
     "test_capacity_calculator.py::test_dense_pages_and_capacity_through_the_cli",
     "test_capacity_calculator.py::test_weights_counted_from_the_config_match_what_vllm_loaded",
     "test_capacity_calculator.py::test_token_counts_match_the_h200_logs",
+    "test_capacity_calculator.py::test_the_launch_shape_is_the_tuner_key_the_h200_logged",
+    "test_int8_integration.py::test_a_server_launch_tests_the_kernels_in_the_background_before_the_worker_starts",
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,18 @@ def child_env(cache_dir: Path, dcu: bool = False) -> dict:
         env["GOVINDA_PLATFORM"] = "rocm"
         env["GOVINDA_SELFTEST"] = "skip"
     return env
+
+
+def logged_shape_key(model_dir) -> str:
+    """The tuner's key (head size, heads, block size, dtype) that the committed H200 server logs of
+    ``model_dir`` at --max-model-len 32768 show for their INT8 attention layers."""
+    keys = set()
+    for log in (REPO / "reports" / "h200").glob("*.log"):
+        text = log.read_text(errors="replace")
+        if f"/{model_dir.name}'" in text and "max_seq_len=32768" in text:
+            keys.update(re.findall(r"INT8 attention launch configs for (\S+):", text))
+    assert len(keys) == 1, keys
+    return keys.pop()
 
 
 def vllm_is(spec: str) -> bool:

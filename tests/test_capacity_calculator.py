@@ -18,7 +18,7 @@ import pytest
 
 from bench.kv_log import read_kv_cache_facts
 from govinda_patch import capacity, model_weights
-from overlay_testing import REPO, VLLM_VERSION, child_env, vllm_is
+from overlay_testing import REPO, VLLM_VERSION, child_env, logged_shape_key, vllm_is
 
 QWEN35 = REPO / "tests" / "models" / "qwen3_5-27b-shape"
 LLAMA8B = REPO / "scripts" / "h200" / "models" / "llama8b-shape"
@@ -208,3 +208,16 @@ def test_weight_count_refuses_what_it_does_not_cover():
     # The vision tower is out of the count when vLLM serves the language model only.
     assert model_weights.parameter_count(model(dense, vision_config={}), language_model_only=True)["parameters"] == \
         counted["parameters"]
+
+
+def test_the_launch_shape_is_the_tuner_key_the_h200_logged(dcu):
+    """What the background tuning reads from a `vllm serve` command line (govinda_patch/int8/
+    launch_shape.py, vLLM's own parser and config with the overlay on) is the key the dense shape's
+    H200 servers logged; arguments vLLM's parser refuses leave the tuning to the engine."""
+    from govinda_patch.int8 import launch_shape
+    from govinda_patch.int8.tuner import TuneShape
+
+    argv = ["/usr/local/bin/vllm", "serve", str(LLAMA8B), "--max-model-len", "32768", "--load-format", "dummy"]
+    assert TuneShape(**launch_shape.predict(argv, 900, dcu)).key() == logged_shape_key(LLAMA8B)
+    refused = launch_shape.predict(argv + ["--no-such-flag"], 900, dcu)
+    assert refused == {"skip": "vLLM's serve parser refused the arguments (exit 2)"}

@@ -11,10 +11,11 @@ import textwrap
 
 import pytest
 
-from overlay_testing import REPO
+from overlay_testing import REPO, logged_shape_key
 
 QWEN35 = REPO / "tests" / "models" / "qwen3_5-27b-shape"
 BACKEND_PATH = "govinda_patch.int8.backend.GovindaInt8AttentionBackend"
+QWEN35_SHAPE = REPO / "tests" / "models" / "qwen3_5-27b-shape"
 
 ENGINE_CONFIG = f"""
 from vllm.engine.arg_utils import EngineArgs
@@ -386,9 +387,10 @@ def test_selftest_passes_with_the_triton_interpreter(child, dcu_env):
 def test_a_server_launch_tests_the_kernels_in_the_background_before_the_worker_starts(child, dcu_env, cache_dir):
     """GOVINDA_SELFTEST=auto in a `vllm serve` process: the self-test starts when vLLM is imported,
     the worker module's import waits for it, and the guard then reads its verdict (no child of its own)."""
-    code = """
+    code = f"""
     import sys, time
-    sys.argv = ["/usr/local/bin/vllm", "serve", "m"]  # what the overlay sees in a server's API process
+    # What the overlay sees in a server's API process.
+    sys.argv = ["/usr/local/bin/vllm", "serve", {str(QWEN35_SHAPE)!r}, "--max-model-len", "32768"]
     begin = time.monotonic()
     import vllm
     imported = time.monotonic() - begin
@@ -402,16 +404,21 @@ def test_a_server_launch_tests_the_kernels_in_the_background_before_the_worker_s
     child_runner.run_subcommand = no_child
     from vllm.platforms import current_platform
     import vllm.platforms.rocm as rocm
-    report({"first": rocm._get_backend_priorities(False, False)[0].name, "imported": imported, "waited": waited})
+    report({{"first": rocm._get_backend_priorities(False, False)[0].name, "imported": imported, "waited": waited}})
     """
     env = dict(dcu_env, GOVINDA_SELFTEST="auto", TRITON_INTERPRET="1")
     first = child(code, env, timeout=900)
     assert first.returncode == 0, first
     lines = first.govinda_lines()
-    assert any("kernel self-test started in the background" in l for l in lines), lines
+    assert any("kernel self-test and the launch-config tuning started in the background" in l for l in lines), lines
     assert first.result["first"] == "CUSTOM", lines
     assert any("kernel self-test passed" in l for l in lines), lines
     assert "(background) passed" in first.stderr, first.stderr[-2000:]
+    # The same process then tuned the shape vLLM configures from the launch's arguments (the
+    # builder's key, as the H200 logged it for this model); on the CPU the tuner keeps its hand table.
+    tuned = [l for l in first.stderr.splitlines() if "launch configs in the background" in l]
+    assert len(tuned) == 1 and f"{logged_shape_key(QWEN35_SHAPE)}: hand table" in tuned[0], first.stderr[-3000:]
+    assert first.result["waited"] > 0 and "s for the background self-test and tuning" in first.stderr
     selftest_dir = cache_dir / "selftest"
     assert len(list(selftest_dir.glob("default-*.json"))) == 1
     # Warm: the alias shows the verdict is cached, so nothing starts and nothing is waited for.

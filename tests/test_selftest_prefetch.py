@@ -4,6 +4,7 @@ starts it, that waiters block until it is done, and that the guard's lookup find
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import subprocess
 import sys
@@ -26,6 +27,10 @@ def _settings(tmp_path, **extra):
         (["/usr/local/bin/vllm", "serve", "m"], True),
         (["/site/vllm/entrypoints/cli/main.py", "serve", "m", "--port", "8000"], True),
         (["/site/vllm/entrypoints/openai/api_server.py", "--model", "m"], True),
+        (["vllm.entrypoints.cli.main", "serve", "m"], True),  # python -m, as launch_argv gives it
+        (["vllm.entrypoints.openai.api_server", "--model", "m"], True),
+        (["vllm.entrypoints.cli.main", "bench", "serve"], False),
+        (["-m", "serve", "m"], False),  # sys.argv of python -m at start-up: the module is unknown here
         (["/usr/local/bin/vllm", "bench", "serve"], False),  # a client
         (["/usr/local/bin/vllm", "chat"], False),
         (["-c"], False),
@@ -35,6 +40,51 @@ def _settings(tmp_path, **extra):
 )
 def test_only_a_server_launch_starts_it(argv, expected):
     assert selftest_prefetch.is_server_launch(argv) is expected
+
+
+@pytest.mark.parametrize(
+    "orig_argv",
+    [
+        ["/usr/bin/python3", "-m", "vllm.entrypoints.cli.main", "serve", "m"],
+        ["/usr/bin/python3", "-X", "importtime", "-m", "vllm.entrypoints.cli.main", "serve", "m"],
+        ["/usr/bin/python3", "-mvllm.entrypoints.cli.main", "serve", "m"],
+    ],
+)
+def test_the_module_of_python_m_is_read_from_orig_argv(orig_argv):
+    argv = selftest_prefetch.launch_argv(["-m", "serve", "m"], orig_argv)
+    assert argv == ["vllm.entrypoints.cli.main", "serve", "m"]
+    assert selftest_prefetch.is_server_launch(argv)
+
+
+def test_launch_argv_keeps_a_resolved_program():
+    argv = ["/usr/local/bin/vllm", "serve", "m"]
+    assert selftest_prefetch.launch_argv(argv, ["/usr/bin/python3", "/usr/local/bin/vllm", "serve", "m"]) == argv
+
+
+def test_a_python_m_server_is_recognised_while_its_package_is_imported(tmp_path):
+    """The real interpreter: under ``python -m vllm.entrypoints.cli.main serve`` (the bench's and the
+    start scripts' GOVINDA_VLLM_CMD) runpy imports the package ``vllm``, where the overlay plans,
+    while sys.argv still reads ['-m', ...]; launch_argv must see through that."""
+    package = tmp_path / "vllm" / "entrypoints" / "cli"  # found before any installed vLLM
+    package.mkdir(parents=True)
+    (tmp_path / "vllm" / "__init__.py").write_text(
+        "import sys\n"
+        "from govinda_patch.int8 import selftest_prefetch as p\n"
+        "print('SEEN', sys.argv[0], p.launch_argv(), p.is_server_launch(p.launch_argv()), flush=True)\n"
+    )
+    for folder in (package.parent, package):
+        (folder / "__init__.py").write_text("")
+    (package / "main.py").write_text("")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.getcwd()]))
+    out = subprocess.run(
+        [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "m"],
+        env=env, capture_output=True, text=True, timeout=60, check=True,
+    ).stdout
+    assert "SEEN -m ['vllm.entrypoints.cli.main', 'serve', 'm'] True" in out
+    out = subprocess.run(
+        [sys.executable, "-c", "import vllm", "serve"], env=env, capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert "SEEN -c ['-c', 'serve'] False" in out
 
 
 def test_nothing_starts_outside_auto_or_outside_a_server(tmp_path, monkeypatch):
@@ -112,3 +162,93 @@ def test_a_failed_prefetch_leaves_the_decision_to_the_guard(tmp_path, monkeypatc
     directory = settings.cache_subdir("selftest")
     assert not selftest_prefetch.cached_for_first_device(directory)
     assert not list(directory.glob("*.json"))
+
+
+SERVER = ["/usr/local/bin/vllm", "serve", "/models/m", "--max-model-len", "32768"]
+SHAPE = {"head_dim": 128, "num_q_heads": 32, "num_kv_heads": 8, "block_size": 16, "dtype": "bf16"}
+
+
+def test_a_server_launch_hands_its_command_line_to_the_prefetch(tmp_path, monkeypatch):
+    started = []
+
+    class Process:
+        pid = 4321
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", lambda command, **kwargs: started.append(command) or Process())
+    note = selftest_prefetch.start(_settings(tmp_path), SERVER)
+    assert "self-test and the launch-config tuning started in the background (pid 4321)" in note
+    (command,) = started
+    assert command[-3:-1] == ["--prefetch", "--launch-argv"] and json.loads(command[-1]) == SERVER
+    started.clear()
+    note = selftest_prefetch.start(_settings(tmp_path / "off", GOVINDA_TUNE="off"), SERVER)
+    assert note.startswith("kernel self-test started in the background")
+
+
+class _Recorder:
+    """subprocess.run of the prefetch's tuning child: what it was asked, and a canned answer."""
+
+    def __init__(self, stdout="", returncode=0, stderr=""):
+        self.commands, self.answer = [], subprocess.CompletedProcess([], returncode, stdout, stderr)
+
+    def __call__(self, command, **kwargs):
+        self.commands.append((command, kwargs))
+        return self.answer
+
+
+def _passing_selftest(monkeypatch):
+    verdict = {"ok": True, "device": "NVIDIA H200", "device_key": "NVIDIA H200|sm_90|cc9.0|132cu", "summary": {}, "reason": ""}
+    monkeypatch.setattr(child_runner, "run_subcommand", lambda *a, **k: dict(verdict))
+
+
+def test_the_prefetch_tunes_the_shape_vllm_configures_from_the_launch(tmp_path, monkeypatch, capsys):
+    from govinda_patch.int8 import launch_shape
+
+    settings = _settings(tmp_path, GOVINDA_TUNE_BUDGET_S="30")
+    _passing_selftest(monkeypatch)
+    asked = []
+    monkeypatch.setattr(launch_shape, "predict", lambda argv, timeout_s: asked.append(list(argv)) or dict(SHAPE))
+    run = _Recorder(stdout="d128-q32-kv8-b16-bf16: tuned (tuned in 11.0 s) decode m16n64w4s1ds128r128 pps 4/4\n")
+    monkeypatch.setattr(subprocess, "run", run)
+    assert selftest_prefetch.run_prefetch(settings, 1, SERVER) == 0
+    assert asked == [SERVER]
+    ((command, kwargs),) = run.commands
+    assert command[command.index("tune"):] == ["tune", "--cached", "--shape", json.dumps(SHAPE), "--device-index", "1"]
+    assert kwargs["env"]["GOVINDA_DISABLE"] == "1" and kwargs["timeout"] > 30
+    err = capsys.readouterr().err
+    assert "kernel self-test (background) passed" in err
+    assert "launch configs in the background, " in err and "d128-q32-kv8-b16-bf16: tuned (tuned in 11.0 s)" in err
+
+
+@pytest.mark.parametrize("case", ["unpredicted", "failed_selftest", "tune_off", "tune_fails"])
+def test_the_background_tuning_is_left_to_the_engine_when_it_cannot_help(tmp_path, monkeypatch, capsys, case):
+    from govinda_patch.int8 import launch_shape
+
+    settings = _settings(tmp_path, **({"GOVINDA_TUNE": "off"} if case == "tune_off" else {}))
+    if case == "failed_selftest":
+        monkeypatch.setattr(child_runner, "run_subcommand",
+                            lambda *a, **k: {"ok": False, "device": "x", "device_key": "x|y", "reason": "mismatch"})
+    else:
+        _passing_selftest(monkeypatch)
+    shape = {"skip": "the overlay does not serve this model here"} if case == "unpredicted" else dict(SHAPE)
+    monkeypatch.setattr(launch_shape, "predict", lambda argv, timeout_s: shape)
+    run = _Recorder(stdout="d128-q32-kv8-b16-bf16: hand table cuda_sm90: x (tuning failed: boom)\n", returncode=1,
+                    stderr="Traceback\nRuntimeError: boom\n")
+    monkeypatch.setattr(subprocess, "run", run)
+    assert selftest_prefetch.run_prefetch(settings, 0, SERVER) == 0
+    err = capsys.readouterr().err
+    if case == "unpredicted":
+        assert not run.commands and "not tuned in the background: the overlay does not serve" in err
+    elif case in ("failed_selftest", "tune_off"):
+        assert not run.commands and "launch configs" not in err
+    else:
+        assert len(run.commands) == 1 and "tuning failed: boom" in err and "RuntimeError: boom" in err
+
+
+def test_the_wait_covers_the_background_tuning(tmp_path):
+    settings = _settings(tmp_path, GOVINDA_TUNE_BUDGET_S="60")
+    longer = _settings(tmp_path, GOVINDA_TUNE_BUDGET_S="120")
+    assert selftest_prefetch.wait_limit_s(longer) - selftest_prefetch.wait_limit_s(settings) == 60
+    assert selftest_prefetch.wait_limit_s(settings) > selftest_prefetch.WAIT_LIMIT_S + 60

@@ -53,6 +53,7 @@ def test_cold_start_phases_and_the_overlays_lines():
         "weights_load_s": None, "model_load_s": 25.771976, "dynamo_transform_s": 6.68, "graph_compile_s": 10.2,
         "graph_cache_load_s": None, "torch_compile_s": 22.37, "profile_warmup_s": 0.59, "cuda_graph_capture_s": 11.0,
         "init_engine_s": 85.71, "overlay_tune_s": 24.8, "overlay_selftest_background_s": None, "overlay_selftest_wait_s": None,
+        "overlay_tune_background_s": None,
     }
     assert parsed["overlay"] == {"selftest": "passed", "selftest_lines": 2,
                                  "launch_configs": {"d128-q32-kv8-b16-bf16": {"origin": "tuned", "tuned_s": 24.8}}}
@@ -156,3 +157,19 @@ def test_the_background_self_test_and_the_wait_for_it_are_phases():
     assert parsed["phases"]["overlay_selftest_background_s"] == 14.2
     assert parsed["phases"]["overlay_selftest_wait_s"] == 3.1
     assert parsed["overlay"]["selftest"] == "passed" and parsed["overlay"]["selftest_lines"] == 1
+
+
+def test_the_background_tuning_and_the_engine_wait_before_its_gpu_are_phases():
+    log = "\n".join([
+        "govinda INFO [pid 12] kernel self-test (background) passed on NVIDIA H200 in 14.2 s",
+        "govinda INFO [pid 12] launch configs in the background, 12.9 s: d128-q32-kv8-b16-bf16: tuned (tuned in 11.0 s) "
+        "decode m16n64w4s1ds128r128 pps 4/4",
+        "(EngineCore pid=13) govinda INFO [pid 13] waited 2.5 s for the background self-test and tuning before the GPU's "
+        "initialisation",
+        "(EngineCore pid=13) govinda INFO [pid 13] INT8 attention launch configs for d128-q32-kv8-b16-bf16: tuned (cached) "
+        "decode m16n64w4s1ds128r128 pps 4/4",
+    ])
+    parsed = startup_phases.parse_log(log, frozenset())
+    assert parsed["phases"]["overlay_tune_background_s"] == 12.9
+    assert parsed["phases"]["overlay_selftest_wait_s"] == 2.5
+    assert parsed["phases"]["overlay_tune_s"] is None  # the engine read the cached choice

@@ -21,6 +21,7 @@ device was) shows the verdict is already cached, and nothing is started.
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import subprocess
@@ -41,15 +42,39 @@ LOCK_NAME = ".prefetch.lock"
 WAIT_POLL_S = 0.05
 # The prefetch's child is killed after child.SELFTEST_TIMEOUT_S; this covers its start and the write.
 WAIT_LIMIT_S = child.SELFTEST_TIMEOUT_S + 60.0
+# vLLM's configuration of the launch's arguments (an import of vLLM, no GPU), beside the self-test.
+SHAPE_TIMEOUT_S = 180.0
+
+
+SERVER_MODULES = ("vllm.entrypoints.cli.main", "vllm.entrypoints.openai.api_server")
+
+
+def launch_argv(argv: Optional[Sequence[str]] = None, orig_argv: Optional[Sequence[str]] = None) -> list:
+    """The program and its arguments as launched. While ``sitecustomize`` runs, ``python -m MOD ...``
+    shows ``sys.argv == ['-m', ...]`` (runpy puts the module's path there only later), so the
+    module's name is taken from ``sys.orig_argv``."""
+    argv = list(sys.argv if argv is None else argv)
+    if not argv or argv[0] != "-m":
+        return argv
+    orig = list(getattr(sys, "orig_argv", ()) if orig_argv is None else orig_argv)
+    for index, word in enumerate(orig[1:], 1):
+        if word == "-m" and index + 1 < len(orig):
+            return [orig[index + 1]] + argv[1:]
+        if word.startswith("-m") and len(word) > 2:  # python -mvllm.entrypoints.cli.main
+            return [word[2:]] + argv[1:]
+    return argv
 
 
 def is_server_launch(argv: Sequence[str]) -> bool:
     """``vllm serve ...``, ``python -m vllm.entrypoints.cli.main serve ...`` or
-    ``python -m vllm.entrypoints.openai.api_server ...``: the processes that start an engine soon."""
+    ``python -m vllm.entrypoints.openai.api_server ...`` (as a script path, or as the module name
+    :func:`launch_argv` gives at start-up): the processes that start an engine soon."""
     if not argv:
         return False
     program = str(argv[0]).replace("\\", "/")
     subcommand = argv[1] if len(argv) > 1 else ""
+    if program in SERVER_MODULES:
+        return program != SERVER_MODULES[0] or subcommand == "serve"
     if os.path.basename(program) == "vllm" or program.endswith("vllm/entrypoints/cli/main.py"):
         return subcommand == "serve"
     return program.endswith("vllm/entrypoints/openai/api_server.py")
@@ -79,7 +104,8 @@ def start(settings, argv: Optional[Sequence[str]] = None) -> Optional[str]:
 
     Returns what happened, for the caller's one log line (None: nothing to say). Never raises.
     """
-    if settings.selftest != "auto" or not is_server_launch(sys.argv if argv is None else argv):
+    argv = launch_argv() if argv is None else list(argv)
+    if settings.selftest != "auto" or not is_server_launch(argv):
         return None
     directory = settings.cache_subdir("selftest")
     if directory is None:
@@ -98,7 +124,7 @@ def start(settings, argv: Optional[Sequence[str]] = None) -> Optional[str]:
             return "self-test already running in the background (another server's prefetch)"
         env = dict(os.environ, GOVINDA_DISABLE="1", GOVINDA_SELFTEST_CHILD="1", PYTHONUNBUFFERED="1")
         process = subprocess.Popen(
-            [sys.executable, "-m", "govinda_patch", "selftest", "--prefetch"],
+            [sys.executable, "-m", "govinda_patch", "selftest", "--prefetch", "--launch-argv", json.dumps(argv)],
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(fd,),
         )
     except OSError as exc:
@@ -106,11 +132,28 @@ def start(settings, argv: Optional[Sequence[str]] = None) -> Optional[str]:
     finally:
         os.close(fd)  # the child's copy keeps the lock until it exits
     threading.Thread(target=process.wait, name="govinda-selftest-prefetch", daemon=True).start()  # reap it
-    return f"kernel self-test started in the background (pid {process.pid}), beside vLLM's start-up"
+    also = " and the launch-config tuning" if settings.tune == "auto" else ""
+    return f"kernel self-test{also} started in the background (pid {process.pid}), beside vLLM's start-up"
 
 
-def wait(settings, limit_s: float = WAIT_LIMIT_S) -> float:
-    """Block while a background self-test runs; return the seconds waited. Never raises."""
+def wait_limit_s(settings) -> float:
+    """How long a waiter may block: the prefetch's self-test, shape probe and tuning, each bounded."""
+    from .tuner import TUNE_TIMEOUT_MARGIN_S
+
+    return WAIT_LIMIT_S + SHAPE_TIMEOUT_S + settings.tune_budget_s + TUNE_TIMEOUT_MARGIN_S
+
+
+def wait_before_device(settings) -> float:
+    """The engine's wait before its worker initialises the GPU (``guards.EARLY_STARTS``): as
+    :func:`wait`, with one log line when it blocked. Never raises."""
+    waited = wait(settings)
+    if waited >= 0.1:
+        logger.info("waited %.1f s for the background self-test and tuning before the GPU's initialisation", waited)
+    return waited
+
+
+def wait(settings, limit_s: Optional[float] = None) -> float:
+    """Block while a background self-test (and tuning) runs; return the seconds waited. Never raises."""
     directory = settings.cache_subdir("selftest")
     if directory is None or settings.selftest == "skip":
         return 0.0
@@ -120,6 +163,8 @@ def wait(settings, limit_s: float = WAIT_LIMIT_S) -> float:
         return 0.0  # none was ever started here (or the path is unusable: the guard reports that)
     begin = time.monotonic()
     try:
+        if limit_s is None:
+            limit_s = wait_limit_s(settings)
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -132,16 +177,23 @@ def wait(settings, limit_s: float = WAIT_LIMIT_S) -> float:
         os.close(fd)
 
 
-def run_prefetch(settings, device_index: int = 0) -> int:
+def run_prefetch(settings, device_index: int = 0, argv: Optional[Sequence[str]] = None) -> int:
     """The ``selftest --prefetch`` process: test the device in a child, cache the verdict under the
-    device model the child reports, and record that model in the alias. Exit status 0 unless the
-    cache could not be written (the guard then runs the test itself)."""
+    device model the child reports, and record that model in the alias; then, with the launch's
+    command line (``argv``) and ``GOVINDA_TUNE=auto``, tune the attention shape vLLM will build
+    from it (:mod:`launch_shape`, read beside the self-test) into the cache the engine's tuner
+    reads. Exit status 0 unless the verdict could not be cached (the guard then runs the test)."""
     from .cache_schemas import SelftestVerdict
 
     directory = settings.cache_subdir("selftest")
     if directory is None:
         return 1
     began = time.monotonic()
+    shape: dict = {}
+    reader = None
+    if argv and settings.tune == "auto":
+        reader = threading.Thread(target=lambda: shape.update(_predicted_shape(argv)), name="govinda-launch-shape")
+        reader.start()
     verdict = child.run_subcommand(("selftest", "--json", "--device-index", str(device_index)))
     key = verdict.get("device_key")
     if not verdict.get("cacheable", True) or not isinstance(key, str):
@@ -164,4 +216,47 @@ def run_prefetch(settings, device_index: int = 0) -> int:
     state = "passed" if verdict.get("ok") is True else "FAILED"
     print(f"govinda INFO [pid {os.getpid()}] kernel self-test (background) {state} on {clip(verdict.get('device'), 100)} "
           f"in {time.monotonic() - began:.1f} s", file=sys.stderr, flush=True)
+    if reader is not None:
+        reader.join()
+        if verdict.get("ok") is True:
+            _tune(settings, shape, device_index)
     return 0
+
+
+def _predicted_shape(argv: Sequence[str]) -> dict:
+    from .launch_shape import predict
+
+    try:
+        return predict(argv, SHAPE_TIMEOUT_S)
+    except Exception as exc:  # a thread's exception would only reach stderr as a traceback
+        return {"skip": f"{type(exc).__name__}: {clip(exc, 300)}"}
+
+
+def _tune(settings, shape: dict, device_index: int) -> None:
+    """``python -m govinda_patch tune --cached`` for the predicted shape: what the engine's tuner
+    would run for it, so the engine finds the choice cached. One line on stderr, whatever happens."""
+    from .tuner import TUNE_TIMEOUT_MARGIN_S, TuneShape
+
+    prefix = f"govinda INFO [pid {os.getpid()}] launch configs"
+    if "skip" in shape or not shape:
+        print(f"{prefix} not tuned in the background: {clip(shape.get('skip') or 'no shape', 300)}; "
+              "the engine tunes them", file=sys.stderr, flush=True)
+        return
+    began = time.monotonic()
+    try:
+        key = TuneShape.from_json(json.dumps(shape)).key()
+        env = dict(os.environ, GOVINDA_DISABLE="1", GOVINDA_SELFTEST_CHILD="1", PYTHONUNBUFFERED="1")
+        done = subprocess.run(
+            [sys.executable, "-m", "govinda_patch", "tune", "--cached", "--shape", json.dumps(shape),
+             "--device-index", str(device_index)],
+            env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            timeout=settings.tune_budget_s + TUNE_TIMEOUT_MARGIN_S,
+        )
+        answer = (done.stdout.strip().splitlines() or [f"{key}: exit {done.returncode}"])[-1]
+        if done.returncode != 0:
+            answer += " | " + " | ".join(done.stderr.strip().splitlines()[-2:])
+    except subprocess.TimeoutExpired:
+        answer = f"{shape}: timed out"
+    except (OSError, ValueError, TypeError) as exc:
+        answer = f"{shape}: {type(exc).__name__}: {exc}"
+    print(f"{prefix} in the background, {time.monotonic() - began:.1f} s: {clip(answer, 400)}", file=sys.stderr, flush=True)
