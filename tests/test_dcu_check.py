@@ -35,7 +35,7 @@ def test_simulated_dcu_runs_up_to_the_gpu_steps(dcu_env, tmp_path):
     env.pop("TRITON_INTERPRET", None)
     done = run_check([str(MODEL), "--block-size", "1552", "--out", str(tmp_path)], env)
     steps = {line.split("\t")[0]: line.split("\t") for line in (tmp_path / "steps.tsv").read_text().splitlines()}
-    assert list(steps) == ["doctor", "shape", "tune", "kernel_bench", "ab"]
+    assert list(steps) == ["doctor", "shape", "tune", "kernel_bench", "ab", "startup"]
     # The doctor resolves every patch target on the simulated ROCm platform; its kernel
     # self-test then needs a GPU, so the step fails on this machine and says why.
     doctor = (tmp_path / "doctor.txt").read_text()
@@ -45,7 +45,7 @@ def test_simulated_dcu_runs_up_to_the_gpu_steps(dcu_env, tmp_path):
     assert json.loads((tmp_path / "shape.json").read_text()) == {
         "block_size": 1552, "dtype": "bf16", "head_dim": 256, "num_kv_heads": 4, "num_q_heads": 24,
     }
-    for name in ("tune", "kernel_bench", "ab"):
+    for name in ("tune", "kernel_bench", "ab", "startup"):
         assert steps[name][1] == "skipped" and steps[name][4] == "no GPU visible to torch"
     assert done.returncode == 1, done.stderr  # the failed doctor outranks the skipped steps
     summary = (tmp_path / "summary.md").read_text()
@@ -78,3 +78,8 @@ def test_summary_from_recorded_step_outputs(tmp_path):
     assert "| prefill_one_shot_6144 | eager | 0.90x | n/a |  |" in summary
     assert "| prefill_one_shot_24576 | - | skipped | | |" in summary
     assert "tuned in 41.0 s" in summary and "Serving A/B" not in summary  # no A/B report recorded
+    assert "## Start-up" not in summary
+    (tmp_path / "dcu-startup.md").write_text("| govinda vs stock | +12.0 (130.0 vs 118.0): met |\n")
+    subprocess.run([sys.executable, str(REPO / "scripts" / "dcu" / "summarize.py"), str(tmp_path)], check=True, capture_output=True)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "## Start-up: cold and warm" in summary and "| govinda vs stock | +12.0 (130.0 vs 118.0): met |" in summary

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-command check of the overlay on a Hygon DCU / AMD GPU:
 #
-#     scripts/dcu/check.sh MODEL [--block-size N] [--port PORT] [--out DIR] [--skip-ab]
+#     scripts/dcu/check.sh MODEL [--block-size N] [--port PORT] [--out DIR] [--skip-ab] [--skip-startup]
 #
 # MODEL is a local model folder (its config.json gives the attention shape). Steps, each with
 # its output under the report folder (default reports/dcu/<UTC date>/):
@@ -12,8 +12,11 @@
 #   4. kernel_bench    python -m bench.kernel_bench: our kernels vs vLLM's TRITON_ATTN bf16 (and INT8)
 #   5. ab              bench/ab.py: the locked serve command (scripts/start_vllm_bench.sh), stock
 #                      (GOVINDA_DISABLE=1) vs overlay, 6K/12K/24K prompts x 256 output tokens
-#   6. summary.md      scripts/dcu/summarize.py, from the files above
-# Steps 3-5 need a GPU; without one they are recorded as skipped. Exit status: 0 when every
+#   6. startup         python -m bench.startup: the same two sides, each started cold (its vLLM,
+#                      Triton, Inductor and GOVINDA caches emptied) and warm (caches kept): time to
+#                      /health, the logged phases, JIT compiles during requests (issue #29)
+#   7. summary.md      scripts/dcu/summarize.py, from the files above
+# Steps 3-6 need a GPU; without one they are recorded as skipped. Exit status: 0 when every
 # step ran and passed, 1 when a step failed, 3 when GPU steps were skipped, 2 on bad arguments.
 #
 # env-doc: GOVINDA_DCU_REPORT_DIR | directory | reports/dcu/<UTC date> | Report folder of scripts/dcu/check.sh (or --out).
@@ -22,7 +25,7 @@ set -u
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 usage() {
-    echo "usage: scripts/dcu/check.sh MODEL [--block-size N] [--port PORT] [--out DIR] [--skip-ab]" >&2
+    echo "usage: scripts/dcu/check.sh MODEL [--block-size N] [--port PORT] [--out DIR] [--skip-ab] [--skip-startup]" >&2
     exit 2
 }
 
@@ -31,12 +34,14 @@ block_size=16
 port=8000
 out="${GOVINDA_DCU_REPORT_DIR:-}"
 skip_ab=0
+skip_startup=0
 while [ "$#" -gt 0 ]; do
     case "$1" in
         --block-size) [ "$#" -ge 2 ] || usage; block_size=$2; shift 2 ;;
         --port) [ "$#" -ge 2 ] || usage; port=$2; shift 2 ;;
         --out) [ "$#" -ge 2 ] || usage; out=$2; shift 2 ;;
         --skip-ab) skip_ab=1; shift ;;
+        --skip-startup) skip_startup=1; shift ;;
         -h|--help) usage ;;
         -*) echo "check.sh: unknown option $1" >&2; usage ;;
         *) [ -z "$model" ] || usage; model=$1; shift ;;
@@ -86,7 +91,7 @@ run shape "$out/shape.json" "$py" scripts/dcu/model_shape.py "$model" --block-si
 
 gpu=$("$py" -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>/dev/null)
 if [ -z "$gpu" ]; then
-    for name in tune kernel_bench ab; do skip "$name" "no GPU visible to torch"; done
+    for name in tune kernel_bench ab startup; do skip "$name" "no GPU visible to torch"; done
 else
     echo "== GPU: $gpu" >&2
     if [ -s "$out/shape.json" ]; then
@@ -96,16 +101,14 @@ else
         skip tune "no shape (see shape.log)"
     fi
     run kernel_bench "$out/kernel_bench.txt" "$py" -m bench.kernel_bench --out "$out/kernel_bench.json"
-    if [ "$skip_ab" = 1 ]; then
-        skip ab "--skip-ab"
-    else
-        sides="$out/ab_sides.yaml"
-        cat >"$sides" <<EOF
+    sides="$out/ab_sides.yaml"
+    cat >"$sides" <<EOF
 name: dcu-ab
 model: $model
 port: $port
 server_command: scripts/start_vllm_bench.sh
 bench: {input_lens: [6144, 12288, 24576], output_len: 256, num_prompts: ${GOVINDA_DCU_PROMPTS:-5}}
+baseline: stock
 log_patterns:
   govinda_errors: {regex: 'govinda:? ERROR', max: 0}
 sides:
@@ -116,7 +119,16 @@ sides:
     log_patterns:
       govinda_configs: {regex: 'INT8 attention launch configs', min: 1}
 EOF
+    if [ "$skip_ab" = 1 ]; then
+        skip ab "--skip-ab"
+    else
         run ab "$out/ab.txt" "$py" -m bench.ab --sides "$sides" --report-dir "$out" --log-dir "$out"
+    fi
+    if [ "$skip_startup" = 1 ]; then
+        skip startup "--skip-startup"
+    else
+        run startup "$out/startup.txt" "$py" -m bench.startup --sides "$sides" --name dcu-startup \
+            --report-dir "$out" --log-dir "$out/startup_logs"
     fi
 fi
 

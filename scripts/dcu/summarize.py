@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 AB_NAME = "dcu-ab"
+STARTUP_NAME = "dcu-startup"  # check.sh: bench.startup --name
 
 
 def read_steps(folder: Path) -> list[dict]:
@@ -107,6 +108,9 @@ def render(folder: Path) -> str:
     ab = folder / f"{AB_NAME}.md"
     if ab.exists():
         lines += ["", "## Serving A/B (locked command; stock = GOVINDA_DISABLE=1)", "", ab.read_text().strip()]
+    startup = folder / f"{STARTUP_NAME}.md"
+    if startup.exists():
+        lines += ["", "## Start-up: cold and warm, overlay against stock (issue #29)", "", startup.read_text().strip()]
     return "\n".join(lines) + "\n"
 
 
