@@ -85,13 +85,15 @@ class Session:
 
     def start_failure(self) -> Optional[str]:
         """Why the session cannot serve jobs, once that is known without waiting (else None)."""
-        if self._ready is None and self.proc is not None:
+        while self._ready is None and self.proc is not None:
             try:
-                self._ready = json.loads(self._lines.get_nowait() or "{}") or {"ready": False, "error": "exited"}
+                line = self._lines.get_nowait()
             except queue.Empty:
                 return None
+            try:
+                self._ready = json.loads(line or "{}") or {"ready": False, "error": "exited"}
             except ValueError:
-                self._ready = {"ready": False, "error": "garbled answer"}
+                continue  # not a protocol line, as _answer skips them
         if self._ready is not None and not self._ready.get("ready"):
             return f"the vllm bench serve session did not start: {self._ready.get('error')} (see {self.log_path})"
         return None
@@ -188,6 +190,9 @@ def main(argv=None) -> int:
     options = p.parse_args(argv)
     # The protocol keeps the original stdout; the jobs get file descriptor 1 for their output.
     protocol = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    # Whatever an import prints to stdout goes to the session's log, never onto the protocol.
+    sys.stdout.flush()
+    os.dup2(2, 1)
     try:
         entry = load_entry(options.entry)
     except Exception as exc:  # noqa: BLE001

@@ -130,6 +130,8 @@ def test_a_side_split_over_calls_keeps_every_tier_once():
 
 STAND_IN_CLI = """
 import json, sys, time
+print("a library that prints on import", flush=True)  # must not reach the protocol
+print(flush=True)
 def main():
     args = sys.argv[3:]
     print("stand-in for", " ".join(sys.argv[:3]), flush=True)
@@ -174,6 +176,7 @@ def test_session_runs_jobs_in_one_process_and_outlives_failures(tmp_path):
         while broken.start_failure() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert "No module named 'no_such_module'" in broken.start_failure()
+        assert "a library that prints on import" in (tmp_path / "session.log").read_text()
         failed = broken.run(["--out", "x"], tmp_path / "7.log", timeout_s=60)
         assert failed["returncode"] == 1 and "did not start" in (tmp_path / "7.log").read_text()
     finally:
