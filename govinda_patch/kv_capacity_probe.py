@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional
 
@@ -205,36 +206,55 @@ def _concurrency_at(cfg, kv_cache_config, length: int) -> float:
         model_config.max_model_len = saved
 
 
+@dataclass
+class KvLayout:
+    """One model's KV cache as vLLM lays it out: the attention layer (backend chosen), its spec,
+    the mamba spec of hybrid models, every layer's spec by name and the pool's layout."""
+
+    layer: Any
+    attention_spec: Any
+    mamba_spec: Any
+    attention_names: List[str]
+    mamba_names: List[str]
+    specs: Dict[str, Any]
+    layout: Any  # KVCacheConfig of a pool that surely holds a request (its layout does not depend on its size)
+
+
+def kv_layout(cfg) -> KvLayout:
+    """vLLM's own specs and pool layout for ``cfg`` (raises CapacityError outside what this covers)."""
+    _check_supported(cfg.model_config)
+    layer, attention_spec = _attention_spec(cfg)
+    attn_names, mamba_names = _layer_names(cfg.model_config, cfg.parallel_config)
+    specs = {name: attention_spec for name in attn_names}
+    mamba_spec = _mamba_spec(cfg) if mamba_names else None
+    specs.update({name: mamba_spec for name in mamba_names})
+    _resolve_layout(cfg, layer.get_attn_backend(), specs)
+    layout = _kv_cache_config(cfg, specs, LAYOUT_PROBE_BYTES)
+    return KvLayout(layer, attention_spec, mamba_spec, attn_names, mamba_names, specs, layout)
+
+
 def probe(request: Dict[str, Any]) -> Dict[str, Any]:
     import vllm
     from vllm.platforms import current_platform
 
     cfg = _engine_config(request)
     model_config = cfg.model_config
-    _check_supported(model_config)
+    kv = kv_layout(cfg)
     weights = _weights(request, model_config)
     budget = kv_budget(request, weights["bytes"])
-    layer, attention_spec = _attention_spec(cfg)
-    attn_names, mamba_names = _layer_names(model_config, cfg.parallel_config)
-    specs = {name: attention_spec for name in attn_names}
-    mamba_spec = _mamba_spec(cfg) if mamba_names else None
-    specs.update({name: mamba_spec for name in mamba_names})
-    _resolve_layout(cfg, layer.get_attn_backend(), specs)
     request_lens = [int(n) for n in request.get("request_lens") or []]
-    # The pool's layout does not depend on its size: read it from a pool that surely holds a request.
-    layout = _kv_cache_config(cfg, specs, LAYOUT_PROBE_BYTES)
     return {
         "vllm": vllm.__version__, "platform": type(current_platform).__name__, "overlay": _overlay_state(),
         "model": request["model"], "architecture": model_config.architecture,
         "dtype": str(model_config.dtype).replace("torch.", ""), "max_model_len": model_config.max_model_len,
-        "backend": layer.get_attn_backend().get_name(), "attention_impl": type(layer.impl).__name__,
-        "kv_dtype": str(attention_spec.dtype).replace("torch.", ""),
-        "num_kv_heads": attention_spec.num_kv_heads, "head_size": attention_spec.head_size,
-        "attention_layers": len(attn_names), "mamba_layers": len(mamba_names),
+        "backend": kv.layer.get_attn_backend().get_name(), "attention_impl": type(kv.layer.impl).__name__,
+        "kv_dtype": str(kv.attention_spec.dtype).replace("torch.", ""),
+        "num_kv_heads": kv.attention_spec.num_kv_heads, "head_size": kv.attention_spec.head_size,
+        "attention_layers": len(kv.attention_names), "mamba_layers": len(kv.mamba_names),
         "weights": weights, "budget": budget,
-        **_pool_bytes(cfg, layout, attention_spec, mamba_spec, len(attn_names), len(mamba_names)),
-        "capacity": _point(cfg, specs, budget["kv_bytes"], request_lens),
-        "points": [_point(cfg, specs, int(n), request_lens) for n in request.get("kv_points") or []],
+        **_pool_bytes(cfg, kv.layout, kv.attention_spec, kv.mamba_spec, len(kv.attention_names), len(kv.mamba_names)),
+        "capacity": _point(cfg, kv.specs, budget["kv_bytes"], request_lens),
+        "points": [_point(cfg, kv.specs, int(n), request_lens) for n in request.get("kv_points") or []],
     }
 
 

@@ -14,13 +14,18 @@ import sys
 SELFTEST_TIMEOUT_S = 600
 
 
+def child_env() -> dict:
+    """A kernel child's environment: the overlay off in it; GOVINDA_SELFTEST_CHILD marks this
+    process tree (e.g. for bench/ab.py's environment check)."""
+    return dict(os.environ, GOVINDA_DISABLE="1", GOVINDA_SELFTEST_CHILD="1", PYTHONUNBUFFERED="1")
+
+
 def run_subcommand(args=("selftest", "--json"), timeout_s=SELFTEST_TIMEOUT_S, what="self-test", stream_stderr=False) -> dict:
     """Run ``python -m govinda_patch *args`` and return the last JSON line it prints.
 
     ``stream_stderr`` passes the child's stderr through (progress lines reach the server log).
     """
-    # GOVINDA_SELFTEST_CHILD marks this process tree (e.g. for bench/ab.py's environment check).
-    env = dict(os.environ, GOVINDA_DISABLE="1", GOVINDA_SELFTEST_CHILD="1", PYTHONUNBUFFERED="1")
+    env = child_env()
     command = [sys.executable, "-m", "govinda_patch", *args]
     stderr = None if stream_stderr else subprocess.PIPE
     try:

@@ -47,23 +47,15 @@ def _engine_config(argv: Sequence[str]):
 def probe(argv: Sequence[str]) -> Dict[str, Any]:
     import torch
 
-    from .. import kv_capacity_probe as kv
+    from ..kv_capacity_probe import kv_layout
 
     cfg = _engine_config(argv)
     model_config, parallel_config = cfg.model_config, cfg.parallel_config
-    kv._check_supported(model_config)
-    layer, spec = kv._attention_spec(cfg)
-    if spec.dtype != torch.int8:
-        return {"skip": f"the overlay does not serve this model here (KV dtype {spec.dtype})"}
-    attention, mamba = kv._layer_names(model_config, parallel_config)
-    specs = {name: spec for name in attention}
-    if mamba:
-        mamba_spec = kv._mamba_spec(cfg)
-        specs.update({name: mamba_spec for name in mamba})
-    kv._resolve_layout(cfg, layer.get_attn_backend(), specs)
-    layout = kv._kv_cache_config(cfg, specs, kv.LAYOUT_PROBE_BYTES)
+    kv = kv_layout(cfg)
+    if kv.attention_spec.dtype != torch.int8:
+        return {"skip": f"the overlay does not serve this model here (KV dtype {kv.attention_spec.dtype})"}
     # The attention group's block size after page unification: the one the metadata builder sees.
-    block = next(g.kv_cache_spec.block_size for g in layout.kv_cache_groups if g.kv_cache_spec.dtype == torch.int8)
+    block = next(g.kv_cache_spec.block_size for g in kv.layout.kv_cache_groups if g.kv_cache_spec.dtype == torch.int8)
     return {
         "head_dim": model_config.get_head_size(),
         "num_q_heads": model_config.get_num_attention_heads(parallel_config),
@@ -90,19 +82,18 @@ def predict(argv: Sequence[str], timeout_s: float, environ: Optional[Dict[str, s
     if not lines:
         tail = " | ".join(done.stderr.strip().splitlines()[-2:])[:300]
         return {"skip": f"vLLM's configuration failed (exit {done.returncode}): {tail}"}
-    return json.loads(lines[-1])
+    try:
+        return json.loads(lines[-1])
+    except ValueError:
+        return {"skip": f"vLLM's configuration answered garbage: {lines[-1][:200]}"}
 
 
 def main(args: List[str]) -> int:
-    from ..kv_capacity_probe import CapacityError
-
     try:
         result = probe(json.loads(args[0]))
     except SystemExit as exc:  # argparse exits on arguments it refuses (its message is on stderr)
         result = {"skip": f"vLLM's serve parser refused the arguments (exit {exc.code})"}
-    except CapacityError as exc:
-        result = {"skip": str(exc)[:300]}
-    except Exception as exc:
+    except Exception as exc:  # e.g. CapacityError: a model the capacity probe does not cover
         result = {"skip": f"{type(exc).__name__}: {exc}"[:300]}
     print(RESULT_MARK + json.dumps(result), flush=True)
     return 0

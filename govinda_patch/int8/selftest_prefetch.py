@@ -46,7 +46,9 @@ WAIT_LIMIT_S = child.SELFTEST_TIMEOUT_S + 60.0
 SHAPE_TIMEOUT_S = 180.0
 
 
-SERVER_MODULES = ("vllm.entrypoints.cli.main", "vllm.entrypoints.openai.api_server")
+# What launch_argv gives for ``python -m`` launches of a server.
+CLI_MODULE = "vllm.entrypoints.cli.main"
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
 def launch_argv(argv: Optional[Sequence[str]] = None, orig_argv: Optional[Sequence[str]] = None) -> list:
@@ -73,11 +75,9 @@ def is_server_launch(argv: Sequence[str]) -> bool:
         return False
     program = str(argv[0]).replace("\\", "/")
     subcommand = argv[1] if len(argv) > 1 else ""
-    if program in SERVER_MODULES:
-        return program != SERVER_MODULES[0] or subcommand == "serve"
-    if os.path.basename(program) == "vllm" or program.endswith("vllm/entrypoints/cli/main.py"):
+    if os.path.basename(program) == "vllm" or program.endswith("vllm/entrypoints/cli/main.py") or program == CLI_MODULE:
         return subcommand == "serve"
-    return program.endswith("vllm/entrypoints/openai/api_server.py")
+    return program.endswith("vllm/entrypoints/openai/api_server.py") or program == API_SERVER_MODULE
 
 
 def _alias_path(directory: Path) -> Path:
@@ -122,10 +122,9 @@ def start(settings, argv: Optional[Sequence[str]] = None) -> Optional[str]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return "self-test already running in the background (another server's prefetch)"
-        env = dict(os.environ, GOVINDA_DISABLE="1", GOVINDA_SELFTEST_CHILD="1", PYTHONUNBUFFERED="1")
         process = subprocess.Popen(
             [sys.executable, "-m", "govinda_patch", "selftest", "--prefetch", "--launch-argv", json.dumps(argv)],
-            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(fd,),
+            env=child.child_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(fd,),
         )
     except OSError as exc:
         return f"self-test not started early ({type(exc).__name__}: {clip(exc, 200)}); it runs inline"
@@ -192,7 +191,9 @@ def run_prefetch(settings, device_index: int = 0, argv: Optional[Sequence[str]] 
     shape: dict = {}
     reader = None
     if argv and settings.tune == "auto":
-        reader = threading.Thread(target=lambda: shape.update(_predicted_shape(argv)), name="govinda-launch-shape")
+        from .launch_shape import predict  # never raises: a failure is a {"skip": why} shape
+
+        reader = threading.Thread(target=lambda: shape.update(predict(argv, SHAPE_TIMEOUT_S)), name="govinda-launch-shape")
         reader.start()
     verdict = child.run_subcommand(("selftest", "--json", "--device-index", str(device_index)))
     key = verdict.get("device_key")
@@ -223,15 +224,6 @@ def run_prefetch(settings, device_index: int = 0, argv: Optional[Sequence[str]] 
     return 0
 
 
-def _predicted_shape(argv: Sequence[str]) -> dict:
-    from .launch_shape import predict
-
-    try:
-        return predict(argv, SHAPE_TIMEOUT_S)
-    except Exception as exc:  # a thread's exception would only reach stderr as a traceback
-        return {"skip": f"{type(exc).__name__}: {clip(exc, 300)}"}
-
-
 def _tune(settings, shape: dict, device_index: int) -> None:
     """``python -m govinda_patch tune --cached`` for the predicted shape: what the engine's tuner
     would run for it, so the engine finds the choice cached. One line on stderr, whatever happens."""
@@ -245,11 +237,10 @@ def _tune(settings, shape: dict, device_index: int) -> None:
     began = time.monotonic()
     try:
         key = TuneShape.from_json(json.dumps(shape)).key()
-        env = dict(os.environ, GOVINDA_DISABLE="1", GOVINDA_SELFTEST_CHILD="1", PYTHONUNBUFFERED="1")
         done = subprocess.run(
             [sys.executable, "-m", "govinda_patch", "tune", "--cached", "--shape", json.dumps(shape),
              "--device-index", str(device_index)],
-            env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            env=child.child_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True,
             timeout=settings.tune_budget_s + TUNE_TIMEOUT_MARGIN_S,
         )
         answer = (done.stdout.strip().splitlines() or [f"{key}: exit {done.returncode}"])[-1]
