@@ -47,11 +47,15 @@ class DecodeVariant:
     programs_per_sm: int
     num_stages: int = 1
     max_registers: int = 0
+    # The split policy's floor of KV tiles per split: short contexts then use fewer splits
+    # (the split count per context-length class, with the grid unchanged).
+    min_tiles: int = 1
 
     @property
     def label(self) -> str:
         text = f"n{self.block_n}-w{self.num_warps}-s{self.num_stages}-ds{self.d_slice}-pps{self.programs_per_sm}"
-        return text + (f"-r{self.max_registers}" if self.max_registers else "")
+        text += f"-r{self.max_registers}" if self.max_registers else ""
+        return text + (f"-mt{self.min_tiles}" if self.min_tiles != 1 else "")
 
 
 def parse_cases(text: str) -> List[Tuple[int, int]]:
@@ -83,7 +87,8 @@ def variant_table(launch_configs, device, head_dim: int, variant: Optional[Decod
         table,
         decode={**table.decode, head_dim: decode_entry},
         decode_splits=dataclasses.replace(
-            table.decode_splits, programs_per_sm=variant.programs_per_sm, batched_programs_per_sm=None
+            table.decode_splits, programs_per_sm=variant.programs_per_sm, batched_programs_per_sm=None,
+            min_tiles_per_split=variant.min_tiles,
         ),
     )
 
@@ -214,10 +219,11 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
         payload["copy"] = section_copy(ctx)
     cases = parse_cases(args.cases) if not args.smoke else [(1, 300), (3, 200)]
     variants = [
-        DecodeVariant(n, w, ds, pps, st, regs)
-        for n, w, ds, pps, st, regs in itertools.product(
+        DecodeVariant(n, w, ds, pps, st, regs, mt)
+        for n, w, ds, pps, st, regs, mt in itertools.product(
             parse_ints(args.block_n), parse_ints(args.warps), parse_ints(args.d_slice),
             parse_ints(args.programs_per_sm), parse_ints(args.stages), parse_ints(args.max_registers),
+            parse_ints(args.min_tiles),
         )
     ]
     deadline = time.time() + args.time_budget_s if args.time_budget_s > 0 else None
@@ -322,6 +328,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--max-registers", default="0", help="register caps per thread (0: none; NVIDIA only)")
     p.add_argument("--programs-per-sm", default="2,4,8")
     p.add_argument("--stages", default="1")
+    p.add_argument("--min-tiles", default="1", help="the split policy's minimum KV tiles per split")
     p.add_argument("--block-size", type=int, default=None, help="cache block size (default: the geometry's)")
     p.add_argument("--rep-ms", type=float, default=None)
     p.add_argument("--time-budget-s", type=float, default=150.0, help="skip variants after this (0: no limit)")
