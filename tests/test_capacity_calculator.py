@@ -213,11 +213,25 @@ def test_weight_count_refuses_what_it_does_not_cover():
 def test_the_launch_shape_is_the_tuner_key_the_h200_logged(dcu):
     """What the background tuning reads from a `vllm serve` command line (govinda_patch/int8/
     launch_shape.py, vLLM's own parser and config with the overlay on) is the key the dense shape's
-    H200 servers logged; arguments vLLM's parser refuses leave the tuning to the engine."""
+    H200 servers logged; arguments vLLM's parser refuses leave the tuning to the engine. The
+    config.json shortcut for dense models agrees with vLLM, and leaves what it does not know to it."""
     from govinda_patch.int8 import launch_shape
     from govinda_patch.int8.tuner import TuneShape
 
     argv = ["/usr/local/bin/vllm", "serve", str(LLAMA8B), "--max-model-len", "32768", "--load-format", "dummy"]
-    assert TuneShape(**launch_shape.predict(argv, 900, dcu)).key() == logged_shape_key(LLAMA8B)
+    probed = launch_shape.predict(argv, 900, dcu)
+    assert TuneShape(**probed).key() == logged_shape_key(LLAMA8B)
     refused = launch_shape.predict(argv + ["--no-such-flag"], 900, dcu)
     assert refused == {"skip": "vLLM's serve parser refused the arguments (exit 2)"}
+
+    # The shortcut from config.json alone gives what vLLM gives, also where the flags change it.
+    assert launch_shape.config_shape(argv) == probed
+    changed = argv + ["--dtype", "float16", "--block-size=32", "--enforce-eager", "--port", "8000"]
+    changed_probe = launch_shape.predict(changed, 900, dcu)
+    assert (changed_probe["dtype"], changed_probe["block_size"]) == ("fp16", 32)
+    assert launch_shape.config_shape(changed) == changed_probe
+    # Whatever it does not know goes to vLLM's probe.
+    assert launch_shape.config_shape(argv + ["--no-such-flag"]) is None
+    assert launch_shape.config_shape(argv + ["--kv-cache-dtype", "fp8"]) is None
+    assert launch_shape.config_shape(["vllm", "serve", "meta-llama/Llama-3.1-8B"]) is None
+    assert launch_shape.config_shape(["vllm", "serve", str(QWEN35)]) is None

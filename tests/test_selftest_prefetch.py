@@ -222,6 +222,26 @@ def test_the_prefetch_tunes_the_shape_vllm_configures_from_the_launch(tmp_path, 
     assert "launch configs in the background, " in err and "d128-q32-kv8-b16-bf16: tuned (tuned in 11.0 s)" in err
 
 
+def test_a_dense_models_shape_comes_from_its_config_without_asking_vllm(tmp_path, monkeypatch):
+    """A local Llama-family model with plain arguments: the shape is read from config.json, so the
+    tuning starts right after the self-test and no vLLM import runs beside it."""
+    from govinda_patch.int8 import launch_shape
+
+    model = tmp_path / "llama"
+    model.mkdir()
+    config = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "torch_dtype": "bfloat16"}
+    (model / "config.json").write_text(json.dumps(config))
+    _passing_selftest(monkeypatch)
+    monkeypatch.setattr(launch_shape, "predict", lambda argv, timeout_s: pytest.fail("vLLM was asked"))
+    run = _Recorder(stdout="d128-q32-kv8-b16-bf16: tuned\n")
+    monkeypatch.setattr(subprocess, "run", run)
+    argv = ["/usr/local/bin/vllm", "serve", str(model), "--max-model-len", "32768", "--port", "8000"]
+    assert selftest_prefetch.run_prefetch(_settings(tmp_path / "cache"), 0, argv) == 0
+    ((command, _),) = run.commands
+    assert json.loads(command[command.index("--shape") + 1]) == SHAPE
+
+
 @pytest.mark.parametrize("case", ["unpredicted", "failed_selftest", "tune_off", "tune_fails"])
 def test_the_background_tuning_is_left_to_the_engine_when_it_cannot_help(tmp_path, monkeypatch, capsys, case):
     from govinda_patch.int8 import launch_shape

@@ -10,16 +10,42 @@ flag that changes the shape changes it here too. No GPU work and no weights.
 
 ``python -m govinda_patch.int8.launch_shape ARGV_JSON`` prints one ``RESULT_MARK`` line: the
 shape, or ``{"skip": why}`` when the overlay would not serve the model or vLLM refuses the args.
+
+That import of vLLM takes about as long as the server's own start-up reaches its engine
+(reports/h100/startup.md), so for the plain case -- a local dense model of a family whose
+attention vLLM builds from ``config.json`` alone, and only arguments that leave the shape alone --
+:func:`config_shape` reads the shape from the config file at once. Anything else goes to vLLM.
+``tests/test_capacity_calculator.py`` checks the two agree on every vLLM line.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 RESULT_MARK = "govinda-launch-shape: "
+
+# Families whose attention shape is head_dim (or hidden_size / heads) x heads x KV heads in every
+# vLLM line, with no hybrid, sliding-window or latent-attention layers.
+DENSE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+# vLLM's cache block size when none is given (CUDA and ROCm alike, every line tested).
+DEFAULT_BLOCK_SIZE = 16
+# Serve options that take a value and leave the attention shape alone.
+_NEUTRAL_OPTIONS = (
+    "--host", "--port", "--max-model-len", "--served-model-name", "--load-format", "--gpu-memory-utilization",
+    "--kv-cache-memory-bytes", "--max-num-seqs", "--max-num-batched-tokens", "--seed", "--api-key",
+    "--uvicorn-log-level", "--download-dir", "--tokenizer",
+)
+_NEUTRAL_SWITCHES = (
+    "--enforce-eager", "--trust-remote-code", "--disable-log-requests", "--disable-log-stats",
+    "--enable-prefix-caching", "--no-enable-prefix-caching", "--enable-chunked-prefill",
+    "--no-enable-chunked-prefill", "--language-model-only",
+)
+_DTYPES = {"half": "fp16", "float16": "fp16", "bfloat16": "bf16"}
 
 
 def serve_arguments(argv: Sequence[str]) -> List[str]:
@@ -29,6 +55,66 @@ def serve_arguments(argv: Sequence[str]) -> List[str]:
     if len(argv) > 1 and argv[1] == "serve":
         return argv[2:]
     return argv[1:]
+
+
+def _dense_arguments(argv: Sequence[str]) -> Optional[argparse.Namespace]:
+    """The launch's model, dtype, block size and tensor parallelism, or None when any argument
+    is one this shortcut does not know (vLLM's probe then reads them)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("model_tag", nargs="?")
+    parser.add_argument("--model")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--block-size", type=int)
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    for option in _NEUTRAL_OPTIONS:
+        parser.add_argument(option)
+    for switch in _NEUTRAL_SWITCHES:
+        parser.add_argument(switch, action="store_true")
+    try:
+        args, unknown = parser.parse_known_args(serve_arguments(argv))
+    except (SystemExit, ValueError):  # argparse exits on a malformed value
+        return None
+    if unknown or args.tensor_parallel_size < 1:
+        return None
+    return args
+
+
+def config_shape(argv: Sequence[str]) -> Optional[Dict[str, Any]]:
+    """The shape :func:`probe` would give, read from a local dense model's ``config.json`` alone;
+    None wherever only vLLM can tell (see ``DENSE_MODEL_TYPES``). Never raises."""
+    args = _dense_arguments(argv)
+    model = args and (args.model_tag or args.model)
+    if not model:
+        return None
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # a hub name or an unreadable directory
+    if not isinstance(config, dict) or config.get("model_type") not in DENSE_MODEL_TYPES:
+        return None
+    if any(key in config for key in ("text_config", "layer_types", "kv_lora_rank")):
+        return None
+    if config.get("sliding_window") and config.get("use_sliding_window", True):
+        return None  # a window in force: the spec (and whether the overlay serves it) is vLLM's call
+    heads, kv_heads = config.get("num_attention_heads"), config.get("num_key_value_heads", config.get("num_attention_heads"))
+    hidden = config.get("hidden_size")
+    if not all(isinstance(v, int) and v > 0 for v in (heads, kv_heads, hidden)) or heads % args.tensor_parallel_size:
+        return None
+    head_dim = config.get("head_dim") or hidden // heads
+    if not isinstance(head_dim, int) or head_dim not in (64, 128, 256):
+        return None
+    dtype = _DTYPES.get(args.dtype)
+    if args.dtype == "auto":
+        dtype = _DTYPES.get(config.get("torch_dtype") or config.get("dtype"))
+    if dtype is None:  # float32 checkpoints: vLLM's choice differs between lines
+        return None
+    return {
+        "head_dim": head_dim,
+        "num_q_heads": heads // args.tensor_parallel_size,
+        "num_kv_heads": max(1, kv_heads // args.tensor_parallel_size),
+        "block_size": args.block_size or DEFAULT_BLOCK_SIZE,
+        "dtype": dtype,
+    }
 
 
 def _engine_config(argv: Sequence[str]):

@@ -181,7 +181,8 @@ def run_prefetch(settings, device_index: int = 0, argv: Optional[Sequence[str]] 
     device model the child reports, and record that model in the alias; then, with the launch's
     command line (``argv``) and ``GOVINDA_TUNE=auto``, tune the attention shape vLLM will build
     from it (:mod:`launch_shape`, read beside the self-test) into the cache the engine's tuner
-    reads. Exit status 0 unless the verdict could not be cached (the guard then runs the test)."""
+    reads (a plain dense launch's shape comes from its ``config.json`` at once). Exit status 0 unless
+    the verdict could not be cached (the guard then runs the test)."""
     from .cache_schemas import SelftestVerdict
 
     directory = settings.cache_subdir("selftest")
@@ -191,10 +192,12 @@ def run_prefetch(settings, device_index: int = 0, argv: Optional[Sequence[str]] 
     shape: dict = {}
     reader = None
     if argv and settings.tune == "auto":
-        from .launch_shape import predict  # never raises: a failure is a {"skip": why} shape
+        from .launch_shape import config_shape, predict  # neither raises: a failure is a {"skip": why} shape
 
-        reader = threading.Thread(target=lambda: shape.update(predict(argv, SHAPE_TIMEOUT_S)), name="govinda-launch-shape")
-        reader.start()
+        shape.update(config_shape(argv) or {})
+        if not shape:  # only vLLM can tell: ask it beside the self-test
+            reader = threading.Thread(target=lambda: shape.update(predict(argv, SHAPE_TIMEOUT_S)), name="govinda-launch-shape")
+            reader.start()
     verdict = child.run_subcommand(("selftest", "--json", "--device-index", str(device_index)))
     key = verdict.get("device_key")
     if not verdict.get("cacheable", True) or not isinstance(key, str):
@@ -219,8 +222,8 @@ def run_prefetch(settings, device_index: int = 0, argv: Optional[Sequence[str]] 
           f"in {time.monotonic() - began:.1f} s", file=sys.stderr, flush=True)
     if reader is not None:
         reader.join()
-        if verdict.get("ok") is True:
-            _tune(settings, shape, device_index)
+    if shape and verdict.get("ok") is True:
+        _tune(settings, shape, device_index)
     return 0
 
 
