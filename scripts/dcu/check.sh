@@ -6,7 +6,8 @@
 # MODEL is a local model folder (its config.json gives the attention shape). Steps, each with
 # its output under the report folder (default reports/dcu/<UTC date>/):
 #   1. doctor          python -m govinda_patch doctor (targets resolve, kernel self-test)
-#   2. shape           the model's attention shape for the tuner (scripts/dcu/model_shape.py)
+#   2. shape           the attention shape the server will tune (scripts/dcu/model_shape.py: vLLM's
+#                      own configuration of the serve command; --block-size N adds that flag)
 #   3. tune            the self-tuner for that shape, through the cache every server process reads
 #                      (GOVINDA_TUNE=auto: reuse a cached choice; set GOVINDA_TUNE=force to redo)
 #   4. kernel_bench    python -m bench.kernel_bench: our kernels vs vLLM's TRITON_ATTN bf16 (and INT8)
@@ -30,7 +31,7 @@ usage() {
 }
 
 model=""
-block_size=16
+block_size=""
 port=8000
 out="${GOVINDA_DCU_REPORT_DIR:-}"
 skip_ab=0
@@ -87,7 +88,7 @@ run() {
 skip() { record "$1" skipped - 0 "$2"; skipped=1; echo "== $1: skipped ($2)" >&2; }
 
 run doctor "$out/doctor.txt" "$py" -m govinda_patch doctor
-run shape "$out/shape.json" "$py" scripts/dcu/model_shape.py "$model" --block-size "$block_size"
+run shape "$out/shape.json" "$py" scripts/dcu/model_shape.py "$model" ${block_size:+--block-size "$block_size"}
 
 gpu=$("$py" -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>/dev/null)
 if [ -z "$gpu" ]; then
