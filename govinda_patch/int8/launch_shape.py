@@ -174,6 +174,11 @@ def predict(argv: Sequence[str], timeout_s: float, environ: Optional[Dict[str, s
         return {"skip": f"vLLM's configuration answered garbage: {lines[-1][:200]}"}
 
 
+def read(argv: Sequence[str], timeout_s: float) -> Dict[str, Any]:
+    """The launch's shape: :func:`config_shape` where it answers, else :func:`predict`. Never raises."""
+    return config_shape(argv) or predict(argv, timeout_s)
+
+
 def main(args: List[str]) -> int:
     try:
         result = probe(json.loads(args[0]))

@@ -192,12 +192,10 @@ def run_prefetch(settings, device_index: int = 0, argv: Optional[Sequence[str]] 
     shape: dict = {}
     reader = None
     if argv and settings.tune == "auto":
-        from .launch_shape import config_shape, predict  # neither raises: a failure is a {"skip": why} shape
+        from .launch_shape import read  # never raises: a failure is a {"skip": why} shape
 
-        shape.update(config_shape(argv) or {})
-        if not shape:  # only vLLM can tell: ask it beside the self-test
-            reader = threading.Thread(target=lambda: shape.update(predict(argv, SHAPE_TIMEOUT_S)), name="govinda-launch-shape")
-            reader.start()
+        reader = threading.Thread(target=lambda: shape.update(read(argv, SHAPE_TIMEOUT_S)), name="govinda-launch-shape")
+        reader.start()
     verdict = child.run_subcommand(("selftest", "--json", "--device-index", str(device_index)))
     key = verdict.get("device_key")
     if not verdict.get("cacheable", True) or not isinstance(key, str):
@@ -222,8 +220,8 @@ def run_prefetch(settings, device_index: int = 0, argv: Optional[Sequence[str]] 
           f"in {time.monotonic() - began:.1f} s", file=sys.stderr, flush=True)
     if reader is not None:
         reader.join()
-    if shape and verdict.get("ok") is True:
-        _tune(settings, shape, device_index)
+        if verdict.get("ok") is True:
+            _tune(settings, shape, device_index)
     return 0
 
 

@@ -5,7 +5,8 @@ The shape is what the locked serve command (``vllm serve MODEL --max-model-len 3
 read the way the server's background tuning reads it (govinda_patch/int8/launch_shape.py): a plain
 dense model from its ``config.json``, any other through the installed vLLM's own configuration
 with the overlay on, so a hybrid model's block size is the one vLLM aligns to its mamba page.
-``--block-size`` and ``--tensor-parallel`` add those flags to the command.
+``--block-size`` and ``--tensor-parallel`` add those flags to the command. Needs the repo on
+``PYTHONPATH`` (``check.sh`` puts it there).
 """
 
 from __future__ import annotations
@@ -14,10 +15,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 # vLLM's configuration of a hybrid model imports and inspects the model class: tens of seconds.
 PROBE_TIMEOUT_S = 600.0
@@ -44,7 +41,7 @@ def main(argv=None) -> int:
     from govinda_patch.int8 import launch_shape
 
     command = serve_command(args.model.resolve(), args.block_size, args.tensor_parallel)
-    shape = launch_shape.config_shape(command) or launch_shape.predict(command, PROBE_TIMEOUT_S)
+    shape = launch_shape.read(command, PROBE_TIMEOUT_S)
     if "skip" in shape:
         print(f"model_shape.py: no attention shape for {args.model}: {shape['skip']}", file=sys.stderr)
         return 2
