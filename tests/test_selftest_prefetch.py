@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from govinda_patch.int8 import child as child_runner
-from govinda_patch.int8 import device_cache, selftest, selftest_prefetch
+from govinda_patch.int8 import device_cache, fingerprint, selftest, selftest_prefetch
 from govinda_patch.settings import Settings
 
 
@@ -152,6 +152,12 @@ def test_the_prefetch_caches_under_the_key_the_guard_looks_up(tmp_path, monkeypa
     monkeypatch.setattr(selftest, "device_key", lambda index: gpu if index == 0 else device_cache.device_key(index))
     monkeypatch.setattr(child_runner, "run_subcommand", lambda *a, **k: pytest.fail("the guard ran its own child"))
     assert selftest.cached_verdict(settings)["ok"] is True
+    # So does a process with no GPU context (the API server, whose guard ran a 10-16 s child of its
+    # own on every cold start while the verdict sat under the GPU model's key).
+    monkeypatch.setattr(selftest, "current_device_index", lambda: None)
+    assert selftest.cached_verdict(settings)["device_key"] == gpu
+    assert [p.name for p in settings.cache_subdir("selftest").glob("*.json") if not p.name.startswith("default-")] \
+        == [f"{fingerprint.machine_key(gpu)}.json"]
 
 
 def test_a_failed_prefetch_leaves_the_decision_to_the_guard(tmp_path, monkeypatch):

@@ -45,7 +45,12 @@ def cached_verdict(settings) -> dict:
     # One child at a time (e.g. several TP workers), within the lock's timeout.
     with cache_files.locked(directory / ".lock") as lock:
         index = current_device_index()
-        path = directory / f"{machine_key(device_key(index))}.json"
+        key = device_key(index)
+        if index is None:  # the background self-test's record of the first visible GPU, if any
+            from .selftest_prefetch import first_device_key
+
+            key = first_device_key(directory) or key
+        path = directory / f"{machine_key(key)}.json"
         problems = [lock.problem] if lock.problem else []
         bad = None
         try:

@@ -86,17 +86,25 @@ def _alias_path(directory: Path) -> Path:
     return directory / f"default-{machine_key(device_key(None))}.json"
 
 
-def cached_for_first_device(directory: Path) -> bool:
-    """True when the alias names a GPU model whose verdict is cached (never raises)."""
+def first_device_key(directory: Path) -> Optional[str]:
+    """The GPU model the alias names for this host's first visible device, when its verdict is
+    cached; else None (never raises). A process without a GPU context (the API server) tests that
+    device, so it may use that verdict instead of running a child of its own."""
     from .cache_schemas import DeviceAlias, SelftestVerdict
 
     try:
         alias = cache_files.read_validated(_alias_path(directory), DeviceAlias)
         if alias is None:
-            return False
-        return cache_files.read_validated(directory / f"{machine_key(alias['device_key'])}.json", SelftestVerdict) is not None
+            return None
+        key = alias["device_key"]
+        return key if cache_files.read_validated(directory / f"{machine_key(key)}.json", SelftestVerdict) is not None else None
     except Exception:
-        return False
+        return None
+
+
+def cached_for_first_device(directory: Path) -> bool:
+    """True when the alias names a GPU model whose verdict is cached (never raises)."""
+    return first_device_key(directory) is not None
 
 
 def start(settings, argv: Optional[Sequence[str]] = None) -> Optional[str]:

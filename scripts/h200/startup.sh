@@ -16,11 +16,20 @@
 #   python3 -m bench.startup --report-only A/h200-dense128-startup.json B/h200-dense128-startup.json \
 #       --report-dir reports/h200
 # Arguments after the side go to bench/startup.py as they are (e.g. --prompt-tokens 1024 8192).
+# SHAPE=qwen35 measures the 64-layer Qwen3.5 shape instead (sides of
+# ab_qwen35_64layer_bench_serve.yaml, report h200-qwen35-64layer-startup): a side's cold start there
+# is ~220-300 s and its warm one ~100-150 s, so one side per call still fits a 600 s call.
 set -eu
 [ "$#" -ge 1 ] || { echo "usage: $0 SIDE [bench.startup args ...]   (SIDE: govinda or fa3_bf16; one per call)" >&2; exit 2; }
 side=$1
 shift
-sides=${SIDES:-scripts/h200/ab_dense128_bench_serve.yaml}  # SIDES=scripts/h200/ab_dense128_startup.yaml adds govinda_inline
+shape=${SHAPE:-dense128}
+case $shape in
+    dense128) default_sides=scripts/h200/ab_dense128_bench_serve.yaml; name=h200-dense128-startup; health=230 ;;
+    qwen35) default_sides=scripts/h200/ab_qwen35_64layer_bench_serve.yaml; name=h200-qwen35-64layer-startup; health=330 ;;
+    *) echo "SHAPE must be dense128 or qwen35, not '$shape'" >&2; exit 2 ;;
+esac
+sides=${SIDES:-$default_sides}  # SIDES=scripts/h200/ab_dense128_startup.yaml adds govinda_inline
 OUT_DIR=${OUT:-/tmp/startup}
 mkdir -p "$OUT_DIR"
 . scripts/h200/env.sh
@@ -34,8 +43,12 @@ carried() {
     return 1
 }
 tokenizer=$(carried .device/models/qwen3_5-27b-shape)
-model=$(sh scripts/h200/assemble_model.sh llama8b-shape "$tokenizer")
+if [ "$shape" = qwen35 ]; then
+    model=$tokenizer
+else
+    model=$(sh scripts/h200/assemble_model.sh llama8b-shape "$tokenizer")
+fi
 
 # --stop-grace 10: vLLM 0.26 does not exit on SIGTERM within 30 s; the default grace only waits.
-python3 -m bench.startup --sides "$sides" --name h200-dense128-startup --model "$model" --only "$side" \
-    --health-timeout 230 --request-timeout 60 --stop-grace 10 --report-dir "$OUT_DIR" --log-dir "$OUT_DIR" "$@"
+python3 -m bench.startup --sides "$sides" --name "$name" --model "$model" --only "$side" \
+    --health-timeout $health --request-timeout 60 --stop-grace 10 --report-dir "$OUT_DIR" --log-dir "$OUT_DIR" "$@"
