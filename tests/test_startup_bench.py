@@ -183,3 +183,11 @@ def test_h200_script_runs_one_side_of_the_dense_shape(tmp_path):
     assert {"govinda", "fa3_bf16"} <= {s.name for s in config.sides} and config.baseline_name() == "fa3_bf16"
     done = subprocess.run(["sh", str(script)], cwd=REPO_ROOT, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert done.returncode == 2 and "usage" in done.stderr
+    # SHAPE=qwen35 picks the 64-layer sides file, whose model is the carried folder itself.
+    qwen = startup.config_from_args(startup.build_arg_parser().parse_args(
+        ["--sides", str(REPO_ROOT / "scripts" / "h200" / "ab_qwen35_64layer_bench_serve.yaml")]))
+    assert "fa3_bf16" in {s.name for s in qwen.sides} and "ab_qwen35_64layer_bench_serve.yaml" in text
+    assert "--baseline fa3_bf16" in text  # the Qwen3.5 file's first side is TRITON_ATTN
+    done = subprocess.run(["sh", str(script), "govinda"], cwd=REPO_ROOT, capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "SHAPE": "qwen3"})
+    assert done.returncode == 2 and "SHAPE must be dense128 or qwen35" in done.stderr

@@ -50,5 +50,5 @@ else
 fi
 
 # --stop-grace 10: vLLM 0.26 does not exit on SIGTERM within 30 s; the default grace only waits.
-python3 -m bench.startup --sides "$sides" --name "$name" --model "$model" --only "$side" \
+python3 -m bench.startup --sides "$sides" --name "$name" --model "$model" --only "$side" --baseline fa3_bf16 \
     --health-timeout $health --request-timeout 60 --stop-grace 10 --report-dir "$OUT_DIR" --log-dir "$OUT_DIR" "$@"
