@@ -172,7 +172,7 @@ def main(argv=None) -> int:
     selftest.add_argument("--all-rotations", action="store_true", help="test every KV rotation, not only GOVINDA_KV_ROTATION's")
     tune = commands.add_parser("tune", help="time the launch-config candidates for one model shape (the tuning child)")
     tune.add_argument("--json", action="store_true", help="tune now, print one JSON line (the tuning child; the default)")
-    tune.add_argument("--cached", action="store_true", help="what a server would use: the cached choice, else tune and cache")
+    tune.add_argument("--cached", action="store_true", help="what a server would use: the cached choice, else tune here (no child) and cache")
     tune.add_argument("--shape", required=True, help='JSON: {"head_dim", "num_q_heads", "num_kv_heads", "block_size", "dtype"}')
     tune.add_argument("--device-index", type=int, default=0)
     tune.add_argument("--budget-s", type=float, default=60.0)

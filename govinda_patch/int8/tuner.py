@@ -131,8 +131,10 @@ def _read_cached(path: Path) -> Optional[dict]:
     return result
 
 
-def cached_or_tuned(settings, shape: TuneShape, device, arch_key: str, device_label: str) -> dict:
+def cached_or_tuned(settings, shape: TuneShape, device, arch_key: str, device_label: str, tune_here: bool = False) -> dict:
     """The tuning result for ``shape``: from the cache, else from a tuning child (then cached).
+    ``tune_here`` tunes in this process instead: for ``tune --cached``, already a process of its
+    own, where a child would only import torch and set up the GPU a second time.
 
     A cache file that cannot be trusted is named in the result's ``cache_problem``, ignored and
     replaced by the fresh result. While another process keeps the lock past
@@ -165,10 +167,13 @@ def cached_or_tuned(settings, shape: TuneShape, device, arch_key: str, device_la
         device = torch.device(device)
         index = device.index if device.index is not None else (torch.cuda.current_device() if device.type == "cuda" else 0)
         _log(f"tuning launch configs for {shape.key()} on {device_label} (budget {settings.tune_budget_s:g} s)")
-        args = ("tune", "--json", "--shape", shape.to_json(), "--device-index", str(index), "--budget-s", f"{settings.tune_budget_s:g}")
-        result = child.run_subcommand(
-            args, timeout_s=int(settings.tune_budget_s + TUNE_TIMEOUT_MARGIN_S), what="tuning", stream_stderr=True
-        )
+        if tune_here:
+            result = tune_result(shape, index, settings.tune_budget_s)
+        else:
+            args = ("tune", "--json", "--shape", shape.to_json(), "--device-index", str(index), "--budget-s", f"{settings.tune_budget_s:g}")
+            result = child.run_subcommand(
+                args, timeout_s=int(settings.tune_budget_s + TUNE_TIMEOUT_MARGIN_S), what="tuning", stream_stderr=True
+            )
         written = False
         if result.get("ok") and result.get("cacheable", True):
             try:
@@ -185,7 +190,7 @@ def cached_or_tuned(settings, shape: TuneShape, device, arch_key: str, device_la
 
 
 @functools.lru_cache(maxsize=None)
-def _launch_configs_for(settings_key: tuple, shape: TuneShape, device_str: str):
+def _launch_configs_for(settings_key: tuple, shape: TuneShape, device_str: str, tune_here: bool = False):
     from ..settings import current as current_settings
 
     lc = import_kernel("launch_configs")
@@ -200,7 +205,7 @@ def _launch_configs_for(settings_key: tuple, shape: TuneShape, device_str: str):
     if device.type != "cuda" or lc.interpreting():
         return base, f"{hand} (no GPU to tune on)"
     try:
-        result = cached_or_tuned(settings, shape, device, base.key, _device_label(device))
+        result = cached_or_tuned(settings, shape, device, base.key, _device_label(device), tune_here)
         if result.get("cache_problem"):  # once per shape and process (this function is cached)
             logging.getLogger("govinda").warning("launch-config cache for %s: %s", shape.key(), clip(result["cache_problem"], 1200))
         if result.get("busy"):
@@ -214,10 +219,11 @@ def _launch_configs_for(settings_key: tuple, shape: TuneShape, device_str: str):
     return lc.with_choice(base, shape.head_dim, choice), f"tuned ({origin}) {choice.label}; {clip(result.get('summary', ''), 300)}"
 
 
-def launch_configs_for(shape: TuneShape, device):
-    """``(ArchLaunchConfigs, description)`` for ``shape`` on ``device``; the hand table on any failure."""
+def launch_configs_for(shape: TuneShape, device, tune_here: bool = False):
+    """``(ArchLaunchConfigs, description)`` for ``shape`` on ``device``; the hand table on any failure.
+    ``tune_here``: see :func:`cached_or_tuned` (servers leave it off: a tuning crash must not take them down)."""
     keys = ("GOVINDA_TUNE", "GOVINDA_TUNE_BUDGET_S", "GOVINDA_CACHE_DIR", "GOVINDA_KERNEL_ARCH")
-    return _launch_configs_for(tuple(os.environ.get(k) for k in keys), shape, str(device))
+    return _launch_configs_for(tuple(os.environ.get(k) for k in keys), shape, str(device), tune_here)
 
 
 # --------------------------------------------------------------------------------------------
@@ -564,12 +570,12 @@ def run_tuning(
     }
 
 
-def main_json(shape_json: str, device_index: int, budget_s: float) -> int:
-    """``python -m govinda_patch tune --json``: one JSON line with the result."""
+def tune_result(shape: TuneShape, device_index: int, budget_s: float) -> dict:
+    """:func:`run_tuning` on GPU ``device_index`` of this process (the CPU interpreter with
+    ``TRITON_INTERPRET=1``); a failure is an uncacheable result, never an exception."""
     try:
         import torch
 
-        shape = TuneShape.from_json(shape_json)
         if torch.cuda.is_available():
             torch.cuda.set_device(device_index)
             device = torch.device("cuda", device_index)
@@ -577,20 +583,32 @@ def main_json(shape_json: str, device_index: int, budget_s: float) -> int:
             device = torch.device("cpu")
         else:
             raise RuntimeError("no GPU visible (set TRITON_INTERPRET=1 to tune on the CPU interpreter)")
-        result = run_tuning(shape, device, budget_s=budget_s)
+        return run_tuning(shape, device, budget_s=budget_s)
     except Exception as exc:
-        result = {"ok": False, "reason": f"{type(exc).__name__}: {exc}"[:400], "cacheable": False}
+        return _failed(exc)
+
+
+def _failed(exc: Exception) -> dict:
+    return {"ok": False, "reason": f"{type(exc).__name__}: {exc}"[:400], "cacheable": False}
+
+
+def main_json(shape_json: str, device_index: int, budget_s: float) -> int:
+    """``python -m govinda_patch tune --json``: one JSON line with the result."""
+    try:
+        result = tune_result(TuneShape.from_json(shape_json), device_index, budget_s)
+    except Exception as exc:  # a malformed shape
+        result = _failed(exc)
     print(json.dumps(result), flush=True)
     return 0
 
 
 def main_cached(shape_json: str, device_index: int) -> int:
     """``python -m govinda_patch tune --cached``: what a server start would use for the shape
-    (read from the cache, or tuned now and cached); exit 1 when tuning failed."""
+    (read from the cache, or tuned now, in this process, and cached); exit 1 when tuning failed."""
     import torch
 
     shape = TuneShape.from_json(shape_json)
     device = torch.device("cuda", device_index) if torch.cuda.is_available() else torch.device("cpu")
-    _, description = launch_configs_for(shape, device)
+    _, description = launch_configs_for(shape, device, tune_here=True)
     print(f"{shape.key()}: {description}", flush=True)
     return 1 if "tuning failed" in description else 0

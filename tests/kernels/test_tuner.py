@@ -200,6 +200,27 @@ def test_choice_is_cached_per_shape_and_force_retunes(tmp_path, monkeypatch):
     assert "--shape" in child.calls[0] and json.loads(child.calls[0][child.calls[0].index("--shape") + 1])["head_dim"] == 64
 
 
+def test_tune_cached_tunes_in_its_own_process_and_servers_then_read_it(tmp_path, monkeypatch):
+    """`tune --cached` (the background prefetch, the DCU check) is a process of its own: it tunes
+    there instead of starting a child that would import torch and set up the GPU again."""
+    from govinda_patch.int8 import child as child_runner
+
+    good = {"ok": True, "choice": lc.choice_from_table(TABLE, 64).to_json(), "elapsed_s": 1.0}
+    monkeypatch.setattr(child_runner, "run_subcommand", lambda *a, **k: pytest.fail("a tuning child was started"))
+    calls = []
+    monkeypatch.setattr(tuner, "tune_result", lambda shape, index, budget_s: calls.append((shape, index, budget_s)) or dict(good))
+    settings = _settings(tmp_path)
+    args = (SHAPE, torch.device("cuda", 1), "interpreter", "Fake GPU|8")
+    first = tuner.cached_or_tuned(settings, *args, tune_here=True)
+    assert calls == [(SHAPE, 1, settings.tune_budget_s)] and first["ok"] and not first["from_cache"]
+    later = tuner.cached_or_tuned(settings, *args)  # a server's engine: from the cache, no child
+    assert later["from_cache"] and later["choice"] == good["choice"] and len(calls) == 1
+
+    asked = []
+    monkeypatch.setattr(tuner, "launch_configs_for", lambda shape, device, tune_here=False: asked.append(tune_here) or (None, "tuned (cached) x"))
+    assert tuner.main_cached(SHAPE.to_json(), 0) == 0 and asked == [True]
+
+
 def test_failed_tuning_is_not_cached(tmp_path, monkeypatch):
     from govinda_patch.int8 import child as child_runner
 
