@@ -9,12 +9,17 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
+import torch
 
 from govinda_patch.int8 import child as child_runner
-from govinda_patch.int8 import device_cache, fingerprint, selftest, selftest_prefetch
+from govinda_patch.int8 import device_cache, fingerprint, selftest, selftest_prefetch, tuner
 from govinda_patch.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _settings(tmp_path, **extra):
@@ -139,13 +144,14 @@ def test_the_prefetch_caches_under_the_key_the_guard_looks_up(tmp_path, monkeypa
     verdict = {"ok": True, "device": "NVIDIA H200", "device_key": gpu, "summary": {"none": {}}, "reason": ""}
     calls = []
 
-    def child(args=(), **kwargs):
-        calls.append(args)
+    def test_here(device_index=None, rotations=None):
+        calls.append((device_index, rotations))
         return dict(verdict)
 
-    monkeypatch.setattr(child_runner, "run_subcommand", child)
+    monkeypatch.setattr(selftest, "run_selftest", test_here)
+    monkeypatch.setattr(child_runner, "run_subcommand", lambda *a, **k: pytest.fail("the prefetch started a child"))
     assert selftest_prefetch.run_prefetch(settings, 0) == 0
-    assert calls == [("selftest", "--json", "--device-index", "0")]
+    assert calls == [(0, None)]  # in the prefetch process itself, on its device, the rotation in force
     assert selftest_prefetch.cached_for_first_device(settings.cache_subdir("selftest"))
     # The engine's worker, on device 0 of that model, finds the verdict without a child of its own.
     monkeypatch.setattr(selftest, "current_device_index", lambda: 0)
@@ -160,14 +166,41 @@ def test_the_prefetch_caches_under_the_key_the_guard_looks_up(tmp_path, monkeypa
         == [f"{fingerprint.machine_key(gpu)}.json"]
 
 
-def test_a_failed_prefetch_leaves_the_decision_to_the_guard(tmp_path, monkeypatch):
+@pytest.mark.parametrize("how", ["uncacheable", "raised"])
+def test_a_failed_prefetch_leaves_the_decision_to_the_guard(tmp_path, monkeypatch, how):
     settings = _settings(tmp_path)
-    monkeypatch.setattr(child_runner, "run_subcommand",
-                        lambda *a, **k: {"ok": False, "reason": "self-test timed out after 600s", "cacheable": False})
+
+    def failing(device_index=None, rotations=None):
+        if how == "raised":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return {"ok": False, "reason": "no GPU visible", "cacheable": False}
+
+    monkeypatch.setattr(selftest, "run_selftest", failing)
     assert selftest_prefetch.run_prefetch(settings, 0) == 1
     directory = settings.cache_subdir("selftest")
     assert not selftest_prefetch.cached_for_first_device(directory)
     assert not list(directory.glob("*.json"))
+
+
+def test_a_hung_prefetch_ends_its_process(tmp_path):
+    """The work runs in the prefetch process, not a child with a timeout: its watchdog must still
+    end a call that never returns (a hung GPU kernel): the process's exit frees the prefetch lock,
+    so the engine stops waiting."""
+    code = textwrap.dedent("""
+        import time
+        from govinda_patch.int8 import selftest_prefetch
+        with selftest_prefetch._watchdog(0.5):
+            time.sleep(30)
+        print("returned")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(REPO), GOVINDA_DISABLE="1"))
+    assert done.returncode != 0 and "returned" not in done.stdout
+    assert "Timeout (0:00:00.500000)!" in done.stderr and "line 5" in done.stderr  # faulthandler: where it hung
+    # Finished in time: the watchdog is off again and the process goes on.
+    with selftest_prefetch._watchdog(0.5):
+        pass
+    time.sleep(1.0)
 
 
 SERVER = ["/usr/local/bin/vllm", "serve", "/models/m", "--max-model-len", "32768"]
@@ -194,19 +227,22 @@ def test_a_server_launch_hands_its_command_line_to_the_prefetch(tmp_path, monkey
 
 
 class _Recorder:
-    """subprocess.run of the prefetch's tuning child: what it was asked, and a canned answer."""
+    """tuner.launch_configs_for in the prefetch: what it was asked, and a canned description."""
 
-    def __init__(self, stdout="", returncode=0, stderr=""):
-        self.commands, self.answer = [], subprocess.CompletedProcess([], returncode, stdout, stderr)
+    def __init__(self, description="", error=None):
+        self.calls, self.description, self.error = [], description, error
 
-    def __call__(self, command, **kwargs):
-        self.commands.append((command, kwargs))
-        return self.answer
+    def __call__(self, shape, device, tune_here=False):
+        self.calls.append((shape, device, tune_here))
+        if self.error is not None:
+            raise self.error
+        return None, self.description
 
 
 def _passing_selftest(monkeypatch):
     verdict = {"ok": True, "device": "NVIDIA H200", "device_key": "NVIDIA H200|sm_90|cc9.0|132cu", "summary": {}, "reason": ""}
-    monkeypatch.setattr(child_runner, "run_subcommand", lambda *a, **k: dict(verdict))
+    monkeypatch.setattr(selftest, "run_selftest", lambda *a, **k: dict(verdict))
+    monkeypatch.setattr(child_runner, "run_subcommand", lambda *a, **k: pytest.fail("the prefetch started a child"))
 
 
 def test_the_prefetch_tunes_the_shape_vllm_configures_from_the_launch(tmp_path, monkeypatch, capsys):
@@ -216,13 +252,13 @@ def test_the_prefetch_tunes_the_shape_vllm_configures_from_the_launch(tmp_path, 
     _passing_selftest(monkeypatch)
     asked = []
     monkeypatch.setattr(launch_shape, "predict", lambda argv, timeout_s: asked.append(list(argv)) or dict(SHAPE))
-    run = _Recorder(stdout="d128-q32-kv8-b16-bf16: tuned (tuned in 11.0 s) decode m16n64w4s1ds128r128 pps 4/4\n")
-    monkeypatch.setattr(subprocess, "run", run)
+    run = _Recorder("tuned (tuned in 11.0 s) decode m16n64w4s1ds128r128 pps 4/4")
+    monkeypatch.setattr(tuner, "launch_configs_for", run)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert selftest_prefetch.run_prefetch(settings, 1, SERVER) == 0
     assert asked == [SERVER]
-    ((command, kwargs),) = run.commands
-    assert command[command.index("tune"):] == ["tune", "--cached", "--shape", json.dumps(SHAPE), "--device-index", "1"]
-    assert kwargs["env"]["GOVINDA_DISABLE"] == "1" and kwargs["timeout"] > 30
+    # What `tune --cached` does, here: the tuning in this process, on the tested device.
+    assert run.calls == [(tuner.TuneShape(**SHAPE), torch.device("cuda", 1), True)]
     err = capsys.readouterr().err
     assert "kernel self-test (background) passed" in err
     assert "launch configs in the background, " in err and "d128-q32-kv8-b16-bf16: tuned (tuned in 11.0 s)" in err
@@ -240,12 +276,12 @@ def test_a_dense_models_shape_comes_from_its_config_without_asking_vllm(tmp_path
     (model / "config.json").write_text(json.dumps(config))
     _passing_selftest(monkeypatch)
     monkeypatch.setattr(launch_shape, "predict", lambda argv, timeout_s: pytest.fail("vLLM was asked"))
-    run = _Recorder(stdout="d128-q32-kv8-b16-bf16: tuned\n")
-    monkeypatch.setattr(subprocess, "run", run)
+    run = _Recorder("tuned")
+    monkeypatch.setattr(tuner, "launch_configs_for", run)
     argv = ["/usr/local/bin/vllm", "serve", str(model), "--max-model-len", "32768", "--port", "8000"]
     assert selftest_prefetch.run_prefetch(_settings(tmp_path / "cache"), 0, argv) == 0
-    ((command, _),) = run.commands
-    assert json.loads(command[command.index("--shape") + 1]) == SHAPE
+    ((shape, _, _),) = run.calls
+    assert shape == tuner.TuneShape(**SHAPE)
 
 
 @pytest.mark.parametrize("case", ["unpredicted", "failed_selftest", "tune_off", "tune_fails"])
@@ -254,23 +290,22 @@ def test_the_background_tuning_is_left_to_the_engine_when_it_cannot_help(tmp_pat
 
     settings = _settings(tmp_path, **({"GOVINDA_TUNE": "off"} if case == "tune_off" else {}))
     if case == "failed_selftest":
-        monkeypatch.setattr(child_runner, "run_subcommand",
+        monkeypatch.setattr(selftest, "run_selftest",
                             lambda *a, **k: {"ok": False, "device": "x", "device_key": "x|y", "reason": "mismatch"})
     else:
         _passing_selftest(monkeypatch)
     shape = {"skip": "the overlay does not serve this model here"} if case == "unpredicted" else dict(SHAPE)
     monkeypatch.setattr(launch_shape, "predict", lambda argv, timeout_s: shape)
-    run = _Recorder(stdout="d128-q32-kv8-b16-bf16: hand table cuda_sm90: x (tuning failed: boom)\n", returncode=1,
-                    stderr="Traceback\nRuntimeError: boom\n")
-    monkeypatch.setattr(subprocess, "run", run)
+    run = _Recorder(error=RuntimeError("boom"))
+    monkeypatch.setattr(tuner, "launch_configs_for", run)
     assert selftest_prefetch.run_prefetch(settings, 0, SERVER) == 0
     err = capsys.readouterr().err
     if case == "unpredicted":
-        assert not run.commands and "not tuned in the background: the overlay does not serve" in err
+        assert not run.calls and "not tuned in the background: the overlay does not serve" in err
     elif case in ("failed_selftest", "tune_off"):
-        assert not run.commands and "launch configs" not in err
+        assert not run.calls and "launch configs" not in err
     else:
-        assert len(run.commands) == 1 and "tuning failed: boom" in err and "RuntimeError: boom" in err
+        assert len(run.calls) == 1 and "launch configs in the background" in err and "RuntimeError: boom" in err
 
 
 def test_the_wait_covers_the_background_tuning(tmp_path):

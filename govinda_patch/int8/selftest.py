@@ -18,7 +18,7 @@ import os
 
 from ..excerpt import PATH_CHARS, error_text, quote
 from ..settings import KV_ROTATIONS, kv_rotation
-from . import cache_files, child
+from . import cache_files, child, device_alias
 from .device_cache import current_device_index, device_key, write_json_atomically
 from .fingerprint import machine_key
 
@@ -47,9 +47,7 @@ def cached_verdict(settings) -> dict:
         index = current_device_index()
         key = device_key(index)
         if index is None:  # the background self-test's record of the first visible GPU, if any
-            from .selftest_prefetch import first_device_key
-
-            key = first_device_key(directory) or key
+            key = device_alias.first_device_key(directory) or key
         path = directory / f"{machine_key(key)}.json"
         problems = [lock.problem] if lock.problem else []
         bad = None

@@ -3,9 +3,11 @@
 
 A server's API process imports vLLM tens of seconds before its engine process builds the model
 (issue #29: the inline test added ~15 s to every cold start). So the API process, right after the
-overlay is planned, starts ``python -m govinda_patch selftest --prefetch``, which runs the usual
-self-test child on the first visible GPU and caches its verdict under that GPU's key, the one the
-engine's guard looks up. Nothing in the API process touches the GPU.
+overlay is planned, starts ``python -m govinda_patch selftest --prefetch``: a child with the overlay
+off, which runs the self-test on the first visible GPU, caches its verdict under that GPU's key
+(the one the engine's guard looks up), and then tunes the launch's attention shape, all in that one
+process (one torch import, one GPU context; a watchdog bounds each part as a child's timeout
+would). Nothing in the API process touches the GPU.
 
 The prefetch holds ``selftest/.prefetch.lock`` for its whole life: the API process takes the
 ``flock`` before it starts the child and hands the descriptor over, so there is no moment a waiter
@@ -20,6 +22,8 @@ device was) shows the verdict is already cached, and nothing is started.
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import fcntl
 import json
 import logging
@@ -32,15 +36,15 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..excerpt import clip
-from . import cache_files, child
-from .device_cache import device_key, write_json_atomically
+from . import cache_files, child, device_alias
+from .device_cache import write_json_atomically
 from .fingerprint import machine_key
 
 logger = logging.getLogger("govinda")
 
 LOCK_NAME = ".prefetch.lock"
 WAIT_POLL_S = 0.05
-# The prefetch's child is killed after child.SELFTEST_TIMEOUT_S; this covers its start and the write.
+# The prefetch's self-test is stopped after child.SELFTEST_TIMEOUT_S (_watchdog); this covers its start and the write.
 WAIT_LIMIT_S = child.SELFTEST_TIMEOUT_S + 60.0
 # vLLM's configuration of the launch's arguments (an import of vLLM, no GPU), beside the self-test.
 SHAPE_TIMEOUT_S = 180.0
@@ -80,31 +84,9 @@ def is_server_launch(argv: Sequence[str]) -> bool:
     return program.endswith("vllm/entrypoints/openai/api_server.py") or program == API_SERVER_MODULE
 
 
-def _alias_path(directory: Path) -> Path:
-    # The key of "the first visible device of this host" with this stack: what a process without
-    # a GPU context knows.
-    return directory / f"default-{machine_key(device_key(None))}.json"
-
-
-def first_device_key(directory: Path) -> Optional[str]:
-    """The GPU model the alias names for this host's first visible device, when its verdict is
-    cached; else None (never raises). A process without a GPU context (the API server) tests that
-    device, so it may use that verdict instead of running a child of its own."""
-    from .cache_schemas import DeviceAlias, SelftestVerdict
-
-    try:
-        alias = cache_files.read_validated(_alias_path(directory), DeviceAlias)
-        if alias is None:
-            return None
-        key = alias["device_key"]
-        return key if cache_files.read_validated(directory / f"{machine_key(key)}.json", SelftestVerdict) is not None else None
-    except Exception:
-        return None
-
-
 def cached_for_first_device(directory: Path) -> bool:
     """True when the alias names a GPU model whose verdict is cached (never raises)."""
-    return first_device_key(directory) is not None
+    return device_alias.first_device_key(directory) is not None
 
 
 def start(settings, argv: Optional[Sequence[str]] = None) -> Optional[str]:
@@ -185,8 +167,8 @@ def wait(settings, limit_s: Optional[float] = None) -> float:
 
 
 def run_prefetch(settings, device_index: int = 0, argv: Optional[Sequence[str]] = None) -> int:
-    """The ``selftest --prefetch`` process: test the device in a child, cache the verdict under the
-    device model the child reports, and record that model in the alias; then, with the launch's
+    """The ``selftest --prefetch`` process: test the device here, cache the verdict under the
+    device model the test reports, and record that model in the alias; then, with the launch's
     command line (``argv``) and ``GOVINDA_TUNE=auto``, tune the attention shape vLLM will build
     from it (:mod:`launch_shape`, read beside the self-test) into the cache the engine's tuner
     reads (a plain dense launch's shape comes from its ``config.json`` at once). Exit status 0 unless
@@ -204,7 +186,7 @@ def run_prefetch(settings, device_index: int = 0, argv: Optional[Sequence[str]] 
 
         reader = threading.Thread(target=lambda: shape.update(read(argv, SHAPE_TIMEOUT_S)), name="govinda-launch-shape")
         reader.start()
-    verdict = child.run_subcommand(("selftest", "--json", "--device-index", str(device_index)))
+    verdict = _selftest_here(device_index)
     key = verdict.get("device_key")
     if not verdict.get("cacheable", True) or not isinstance(key, str):
         print(f"govinda: self-test prefetch not cached: {clip(verdict.get('reason') or 'no device key', 300)}", file=sys.stderr)
@@ -219,7 +201,7 @@ def run_prefetch(settings, device_index: int = 0, argv: Optional[Sequence[str]] 
                 present = None
             if present is None:
                 write_json_atomically(path, verdict)
-            write_json_atomically(_alias_path(directory), {"device_key": key})
+            write_json_atomically(device_alias.alias_path(directory), {"device_key": key})
     except OSError as exc:
         print(f"govinda: self-test prefetch not cached: {type(exc).__name__}: {clip(exc, 300)}", file=sys.stderr)
         return 1
@@ -233,10 +215,39 @@ def run_prefetch(settings, device_index: int = 0, argv: Optional[Sequence[str]] 
     return 0
 
 
+@contextlib.contextmanager
+def _watchdog(timeout_s: float):
+    """What a child's timeout did for the work now done in this process: a GPU call that hangs
+    past ``timeout_s`` makes faulthandler dump the stacks and end the process, which frees the
+    prefetch lock (the guard then finds no verdict and tests inline)."""
+    stream = sys.__stderr__
+    try:
+        faulthandler.dump_traceback_later(timeout_s, exit=True, file=stream)
+        armed = True
+    except (AttributeError, ValueError, OSError):  # no stderr with a file descriptor
+        armed = False
+    try:
+        yield
+    finally:
+        if armed:
+            faulthandler.cancel_dump_traceback_later()
+
+
+def _selftest_here(device_index: int) -> dict:
+    """The self-test in this process, as ``selftest --json`` would answer; never raises."""
+    from . import selftest
+
+    try:
+        with _watchdog(child.SELFTEST_TIMEOUT_S):
+            return selftest.run_selftest(device_index)
+    except Exception as exc:
+        return {"ok": False, "reason": f"self-test raised {type(exc).__name__}: {clip(exc, 300)}", "cacheable": False}
+
+
 def _tune(settings, shape: dict, device_index: int) -> None:
-    """``python -m govinda_patch tune --cached`` for the predicted shape: what the engine's tuner
-    would run for it, so the engine finds the choice cached. One line on stderr, whatever happens."""
-    from .tuner import TUNE_TIMEOUT_MARGIN_S, TuneShape
+    """What ``tune --cached`` does, in this process, for the predicted shape: what the engine's
+    tuner would run for it, so the engine finds the choice cached. One line on stderr, whatever happens."""
+    from . import tuner
 
     prefix = f"govinda INFO [pid {os.getpid()}] launch configs"
     if "skip" in shape or not shape:
@@ -245,18 +256,13 @@ def _tune(settings, shape: dict, device_index: int) -> None:
         return
     began = time.monotonic()
     try:
-        key = TuneShape.from_json(json.dumps(shape)).key()
-        done = subprocess.run(
-            [sys.executable, "-m", "govinda_patch", "tune", "--cached", "--shape", json.dumps(shape),
-             "--device-index", str(device_index)],
-            env=child.child_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True,
-            timeout=settings.tune_budget_s + TUNE_TIMEOUT_MARGIN_S,
-        )
-        answer = (done.stdout.strip().splitlines() or [f"{key}: exit {done.returncode}"])[-1]
-        if done.returncode != 0:
-            answer += " | " + " | ".join(done.stderr.strip().splitlines()[-2:])
-    except subprocess.TimeoutExpired:
-        answer = f"{shape}: timed out"
-    except (OSError, ValueError, TypeError) as exc:
-        answer = f"{shape}: {type(exc).__name__}: {exc}"
+        import torch
+
+        tune_shape = tuner.TuneShape.from_json(json.dumps(shape))
+        device = torch.device("cuda", device_index) if torch.cuda.is_available() else torch.device("cpu")
+        with _watchdog(settings.tune_budget_s + tuner.TUNE_TIMEOUT_MARGIN_S):
+            _, description = tuner.launch_configs_for(tune_shape, device, tune_here=True)
+        answer = f"{tune_shape.key()}: {description}"
+    except Exception as exc:
+        answer = f"{shape}: {type(exc).__name__}: {clip(exc, 300)}"
     print(f"{prefix} in the background, {time.monotonic() - began:.1f} s: {clip(answer, 400)}", file=sys.stderr, flush=True)
