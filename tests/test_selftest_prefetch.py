@@ -234,6 +234,7 @@ class _Recorder:
 
     def __call__(self, shape, device, tune_here=False):
         self.calls.append((shape, device, tune_here))
+        print("govinda INFO [pid 1] tune: chose m16n64 (21/21 candidates usable, 11.0 s)", file=sys.stderr)
         if self.error is not None:
             raise self.error
         return None, self.description
@@ -262,6 +263,7 @@ def test_the_prefetch_tunes_the_shape_vllm_configures_from_the_launch(tmp_path, 
     err = capsys.readouterr().err
     assert "kernel self-test (background) passed" in err
     assert "launch configs in the background, " in err and "d128-q32-kv8-b16-bf16: tuned (tuned in 11.0 s)" in err
+    assert "tune: chose" not in err  # the engine's tuning phase is read from that line (bench/startup_phases.py)
 
 
 def test_a_dense_models_shape_comes_from_its_config_without_asking_vllm(tmp_path, monkeypatch):
@@ -284,7 +286,7 @@ def test_a_dense_models_shape_comes_from_its_config_without_asking_vllm(tmp_path
     assert shape == tuner.TuneShape(**SHAPE)
 
 
-@pytest.mark.parametrize("case", ["unpredicted", "failed_selftest", "tune_off", "tune_fails"])
+@pytest.mark.parametrize("case", ["unpredicted", "failed_selftest", "tune_off", "tune_fails", "tune_raises"])
 def test_the_background_tuning_is_left_to_the_engine_when_it_cannot_help(tmp_path, monkeypatch, capsys, case):
     from govinda_patch.int8 import launch_shape
 
@@ -296,7 +298,10 @@ def test_the_background_tuning_is_left_to_the_engine_when_it_cannot_help(tmp_pat
         _passing_selftest(monkeypatch)
     shape = {"skip": "the overlay does not serve this model here"} if case == "unpredicted" else dict(SHAPE)
     monkeypatch.setattr(launch_shape, "predict", lambda argv, timeout_s: shape)
-    run = _Recorder(error=RuntimeError("boom"))
+    if case == "tune_raises":
+        run = _Recorder(error=RuntimeError("boom"))
+    else:
+        run = _Recorder("hand table cuda_sm90: x (tuning failed: tuning process exited 1: RuntimeError: boom)")
     monkeypatch.setattr(tuner, "launch_configs_for", run)
     assert selftest_prefetch.run_prefetch(settings, 0, SERVER) == 0
     err = capsys.readouterr().err
@@ -304,8 +309,11 @@ def test_the_background_tuning_is_left_to_the_engine_when_it_cannot_help(tmp_pat
         assert not run.calls and "not tuned in the background: the overlay does not serve" in err
     elif case in ("failed_selftest", "tune_off"):
         assert not run.calls and "launch configs" not in err
-    else:
+    elif case == "tune_raises":
         assert len(run.calls) == 1 and "launch configs in the background" in err and "RuntimeError: boom" in err
+    else:  # the tuner's last progress lines go with the failure
+        (line,) = [l for l in err.splitlines() if "launch configs in the background" in l]
+        assert "tuning failed" in line and line.endswith("| govinda INFO [pid 1] tune: chose m16n64 (21/21 candidates usable, 11.0 s)")
 
 
 def test_the_wait_covers_the_background_tuning(tmp_path):

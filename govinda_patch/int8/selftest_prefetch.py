@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import fcntl
+import io
 import json
 import logging
 import os
@@ -237,8 +238,8 @@ def _selftest_here(device_index: int) -> dict:
     """The self-test in this process, as ``selftest --json`` would answer; never raises."""
     from . import selftest
 
-    try:
-        with _watchdog(child.SELFTEST_TIMEOUT_S):
+    try:  # what it writes to stderr (warnings) stays out of the server's log, as a child's did
+        with _watchdog(child.SELFTEST_TIMEOUT_S), contextlib.redirect_stderr(io.StringIO()):
             return selftest.run_selftest(device_index)
     except Exception as exc:
         return {"ok": False, "reason": f"self-test raised {type(exc).__name__}: {clip(exc, 300)}", "cacheable": False}
@@ -260,9 +261,14 @@ def _tune(settings, shape: dict, device_index: int) -> None:
 
         tune_shape = tuner.TuneShape.from_json(json.dumps(shape))
         device = torch.device("cuda", device_index) if torch.cuda.is_available() else torch.device("cpu")
-        with _watchdog(settings.tune_budget_s + tuner.TUNE_TIMEOUT_MARGIN_S):
+        # The tuner's progress lines stay out of the server's log, as a tuning child's did: there they
+        # would read as the engine's own tuning (bench/startup_phases.py); a failure keeps the last two.
+        progress = io.StringIO()
+        with _watchdog(settings.tune_budget_s + tuner.TUNE_TIMEOUT_MARGIN_S), contextlib.redirect_stderr(progress):
             _, description = tuner.launch_configs_for(tune_shape, device, tune_here=True)
         answer = f"{tune_shape.key()}: {description}"
+        if "tuning failed" in description:
+            answer += " | " + " | ".join(progress.getvalue().strip().splitlines()[-2:])
     except Exception as exc:
         answer = f"{shape}: {type(exc).__name__}: {clip(exc, 300)}"
     print(f"{prefix} in the background, {time.monotonic() - began:.1f} s: {clip(answer, 400)}", file=sys.stderr, flush=True)
