@@ -257,17 +257,13 @@ def _tune(settings, shape: dict, device_index: int) -> None:
         return
     began = time.monotonic()
     try:
-        import torch
-
         tune_shape = tuner.TuneShape.from_json(json.dumps(shape))
-        device = torch.device("cuda", device_index) if torch.cuda.is_available() else torch.device("cpu")
         # The tuner's progress lines stay out of the server's log, as a tuning child's did: there they
         # would read as the engine's own tuning (bench/startup_phases.py); a failure keeps the last two.
         progress = io.StringIO()
         with _watchdog(settings.tune_budget_s + tuner.TUNE_TIMEOUT_MARGIN_S), contextlib.redirect_stderr(progress):
-            _, description = tuner.launch_configs_for(tune_shape, device, tune_here=True)
-        answer = f"{tune_shape.key()}: {description}"
-        if "tuning failed" in description:
+            answer = tuner.cached_here(tune_shape, device_index)
+        if "tuning failed" in answer:
             answer += " | " + " | ".join(progress.getvalue().strip().splitlines()[-2:])
     except Exception as exc:
         answer = f"{shape}: {type(exc).__name__}: {clip(exc, 300)}"

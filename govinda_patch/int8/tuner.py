@@ -602,13 +602,18 @@ def main_json(shape_json: str, device_index: int, budget_s: float) -> int:
     return 0
 
 
-def main_cached(shape_json: str, device_index: int) -> int:
-    """``python -m govinda_patch tune --cached``: what a server start would use for the shape
-    (read from the cache, or tuned now, in this process, and cached); exit 1 when tuning failed."""
+def cached_here(shape: TuneShape, device_index: int) -> str:
+    """``KEY: description`` of the launch configs a server start would use for ``shape``: read from
+    the cache, or tuned now, in this process, and cached (``tune --cached``, the background prefetch)."""
     import torch
 
-    shape = TuneShape.from_json(shape_json)
     device = torch.device("cuda", device_index) if torch.cuda.is_available() else torch.device("cpu")
     _, description = launch_configs_for(shape, device, tune_here=True)
-    print(f"{shape.key()}: {description}", flush=True)
-    return 1 if "tuning failed" in description else 0
+    return f"{shape.key()}: {description}"
+
+
+def main_cached(shape_json: str, device_index: int) -> int:
+    """``python -m govinda_patch tune --cached``: :func:`cached_here`; exit 1 when tuning failed."""
+    line = cached_here(TuneShape.from_json(shape_json), device_index)
+    print(line, flush=True)
+    return 1 if "tuning failed" in line else 0
