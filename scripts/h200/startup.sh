@@ -16,7 +16,8 @@
 #   python3 -m bench.startup --report-only A/h200-dense128-startup.json B/h200-dense128-startup.json \
 #       --report-dir reports/h200
 # Arguments after the side go to bench/startup.py as they are (e.g. --prompt-tokens 1024 8192).
-# SHAPE=qwen35 measures the 64-layer Qwen3.5 shape instead (sides of
+# SHAPE=qwen35 measures the 64-layer Qwen3.5 shape instead (on an 80 GB H100 add
+# GOVINDA_DEV_ARGS="--max-num-seqs 256" for every side: vLLM refuses 1,024 sequences there; sides of
 # ab_qwen35_64layer_bench_serve.yaml, report h200-qwen35-64layer-startup): a side's cold start there
 # is ~220-300 s and its warm one ~100-150 s, so one side per call still fits a 600 s call.
 set -eu
