@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List
 
-from bench import ab_capacity, ab_tables, serve_tiers
+from bench import ab_capacity, ab_plot, ab_tables, serve_tiers
 
 GIB = 1 << 30
 
@@ -123,17 +123,7 @@ def render_markdown(result: Dict[str, Any], png_note: str) -> str:
 
 
 def render_png(result: Dict[str, Any], path: Path) -> str:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "Plot skipped: matplotlib is not importable here (rerun with --report-only where it is)."
-    try:
-        return _draw(result, path, plt)
-    except Exception as exc:  # a plotting bug must not lose the measured results
-        return f"Plot failed: {type(exc).__name__}: {exc}"
+    return ab_plot.with_matplotlib(_draw, result, path)
 
 
 def _draw(result: Dict[str, Any], path: Path, plt) -> str:

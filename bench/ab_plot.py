@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Callable, Dict
 
 
-def render_png(result: Dict[str, Any], path: Path) -> str:
-    """Bars per tier and side for tok/s, TTFT P99, TPOT P99. Returns the note for the md."""
+def with_matplotlib(draw: Callable[[Dict[str, Any], Path, Any], str], result: Dict[str, Any], path: Path) -> str:
+    """``draw(result, path, pyplot)`` with the headless backend; the note for the md either way."""
     try:
         import matplotlib
 
@@ -16,9 +16,14 @@ def render_png(result: Dict[str, Any], path: Path) -> str:
     except ImportError:
         return "Plot skipped: matplotlib is not importable here (rerun with --report-only where it is)."
     try:
-        return _draw_png(result, path, plt)
+        return draw(result, path, plt)
     except Exception as exc:  # a plotting bug must not lose the measured results
         return f"Plot failed: {type(exc).__name__}: {exc}"
+
+
+def render_png(result: Dict[str, Any], path: Path) -> str:
+    """Bars per tier and side for tok/s, TTFT P99, TPOT P99. Returns the note for the md."""
+    return with_matplotlib(_draw_png, result, path)
 
 
 def _draw_png(result: Dict[str, Any], path: Path, plt) -> str:

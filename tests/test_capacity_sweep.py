@@ -376,7 +376,8 @@ def test_ab_bench_serve_skips_the_client_check_for_a_session_client(tmp_path):
     checkout = tmp_path / "c"
     (checkout / "scripts" / "h200").mkdir(parents=True)
     (checkout / "bench").symlink_to(REPO_ROOT / "bench")
-    (checkout / "scripts" / "h200" / "ab_bench_serve.sh").symlink_to(H200 / "ab_bench_serve.sh")
+    for name in ("ab_bench_serve.sh", "carried.sh"):
+        (checkout / "scripts" / "h200" / name).symlink_to(H200 / name)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (checkout / "scripts" / "h200" / "env.sh").write_text(f'export PATH="{bin_dir}:$PATH"\n')

@@ -77,7 +77,7 @@ def _sandbox(tmp_path: Path, with_bundle: bool = True) -> tuple[Path, dict]:
     checkout = root / ".dev" / "c"
     (checkout / "scripts" / "h200" / "models").mkdir(parents=True)
     (checkout / "bench").symlink_to(REPO_ROOT / "bench")
-    for name in ("ab_bench_serve.sh", "assemble_model.sh", "ab_qwen35_64layer_bench_serve.yaml"):
+    for name in ("ab_bench_serve.sh", "carried.sh", "assemble_model.sh", "ab_qwen35_64layer_bench_serve.yaml"):
         (checkout / "scripts" / "h200" / name).symlink_to(H200 / name)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

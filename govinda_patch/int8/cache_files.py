@@ -9,7 +9,7 @@ nested too deep for Python's parser. So:
   does not follow a link, checked again with ``fstat``; it reads a bounded number of bytes and
   validates them against the caller's schema (``cache_schemas``: strict types, bounded nesting).
   A file that fails any check is reported as ``BadCacheFile`` naming it; the caller ignores it,
-  computes the entry again and replaces the file atomically (``device_cache.write_json_atomically``).
+  computes the entry again and replaces the file atomically (``write_atomically``).
 - ``locked`` takes an exclusive ``flock`` with a timeout (``LOCK_TIMEOUT_S``); a lock path that
   is not a regular file is replaced by one, and a lock still taken after the timeout is given up:
   the block then runs without it, which costs duplicate work at worst, since every write is atomic.
@@ -114,10 +114,15 @@ class Lock:
         return self.problem
 
 
-def _replace_with_regular_file(path: Path) -> None:
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with a regular file holding ``text``, through a temporary file in the same
+    directory: a reader sees the old file or the new one, never a part."""
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
     try:
+        with os.fdopen(handle, "w") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
         os.replace(temporary, path)
     except BaseException:
         try:
@@ -125,6 +130,10 @@ def _replace_with_regular_file(path: Path) -> None:
         except OSError:
             pass
         raise
+
+
+def _replace_with_regular_file(path: Path) -> None:
+    write_atomically(path, "")
 
 
 def _open_lock(lock: Lock) -> int:

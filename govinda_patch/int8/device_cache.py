@@ -14,9 +14,10 @@ import json
 import os
 import socket
 import sys
-import tempfile
 from pathlib import Path
 from typing import Optional
+
+from .cache_files import write_atomically
 
 
 def current_device_index() -> Optional[int]:
@@ -50,16 +51,4 @@ def device_key(index: Optional[int]) -> str:
 
 def write_json_atomically(path: Path, data) -> None:
     """Write ``data`` as JSON to ``path`` through a temporary file in the same directory."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as file:
-            file.write(json.dumps(data))
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
+    write_atomically(path, json.dumps(data))

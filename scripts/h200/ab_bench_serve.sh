@@ -26,15 +26,8 @@ fi
 OUT_DIR=${OUT:-/tmp/ab-bench-serve}
 mkdir -p "$OUT_DIR"
 . scripts/h200/env.sh
+. scripts/h200/carried.sh
 
-# The carried bundle: at the root, or two levels up from a .dev/NAME copy.
-carried() {
-    for up in "" ../../; do
-        [ -d "$up$1" ] && { echo "$up$1"; return 0; }
-    done
-    echo "no $1 here or in ../.." >&2
-    return 1
-}
 model=$(python3 -c 'import sys; from bench.sides_file import load_sides_file; print(load_sides_file(sys.argv[1]).model or "")' "$sides")
 case "$model" in
     .device/*) model=$(carried "$model") ;;

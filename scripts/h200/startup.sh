@@ -34,15 +34,8 @@ sides=${SIDES:-$default_sides}  # SIDES=scripts/h200/ab_dense128_startup.yaml ad
 OUT_DIR=${OUT:-/tmp/startup}
 mkdir -p "$OUT_DIR"
 . scripts/h200/env.sh
+. scripts/h200/carried.sh
 
-# The carried bundle: at the root, or two levels up from a .dev/NAME copy.
-carried() {
-    for up in "" ../../; do
-        [ -d "$up$1" ] && { echo "$up$1"; return 0; }
-    done
-    echo "no $1 here or in ../.." >&2
-    return 1
-}
 tokenizer=$(carried .device/models/qwen3_5-27b-shape)
 if [ "$shape" = qwen35 ]; then
     model=$tokenizer
