@@ -13,7 +13,8 @@ For each side, one after the other:
      so that prefill and decode run and a kernel still compiled on first use shows in the log;
   4. stop the server and read its log (bench/startup_phases.py): model loading, torch.compile,
      CUDA-graph capture, vLLM's "init engine" total, the overlay's self-test and tuning, and every
-     line of vLLM's JIT monitor ("... JIT compilation during inference: KERNEL").
+     line of vLLM's JIT monitor ("... JIT compilation during inference: KERNEL"); and which of our
+     kernels the start compiled, before the engine started or in it (bench/startup_compiles.py).
 A side whose cold start never answered /health gets no warm start.
 
 Writes ``<report-dir>/<name>.json`` (meta: command line, date, host, repo, device; per side and
@@ -48,7 +49,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from bench import ab_report, openai_http, provenance, server, startup_phases, startup_report
+from bench import ab_report, openai_http, provenance, server, startup_compiles, startup_phases, startup_report
 from bench.ab_config import REPO_ROOT, AbConfig, Overrides, Side, build_config, expected_env, parse_side_flag
 from bench.ab_side import count_log_patterns, side_port, side_process_env
 
@@ -147,11 +148,15 @@ def start_log_path(config: AbConfig, side: Side, kind: str) -> Path:
     return config.resolved_work_dir() / side.name / f"{kind}.server.log"
 
 
-def _log_tail(path: Path) -> List[str]:
+def _log_text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8", errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        return path.read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return []
+        return ""
+
+
+def _log_tail(path: Path) -> List[str]:
+    return _log_text(path).splitlines()[-LOG_TAIL_LINES:]
 
 
 def run_start(config: AbConfig, side: Side, kind: str, dirs: Dict[str, str], probe: Probe) -> Dict[str, Any]:
@@ -171,7 +176,7 @@ def run_start(config: AbConfig, side: Side, kind: str, dirs: Dict[str, str], pro
     proc = None
     with open(log_path, "wb") as log_file:
         try:
-            launched = time.monotonic()
+            launched, launched_wall = time.monotonic(), time.time()
             proc = server.start(command, side_process_env(config, side, dirs), log_file, REPO_ROOT)
             ready = server.wait_until_ready(proc, config.host, port, expected_env(config, side), dirs,
                                             config.env_check_scope, config.health_timeout_s)
@@ -198,6 +203,9 @@ def run_start(config: AbConfig, side: Side, kind: str, dirs: Dict[str, str], pro
         log(f"side {side.name}, {kind} start: {record['status'].upper()}: {record['error']}")
     record["cache_after"] = cache_contents(dirs)
     record.update(startup_phases.read_log(log_path))
+    if proc is not None:
+        record["our_compiles"] = startup_compiles.summary(
+            dirs.values(), startup_phases.our_kernel_names(), launched_wall, _log_text(log_path))
     record["log_counts"] = count_log_patterns(log_path, side.log_patterns)
     for name, count in record["log_counts"].items():
         if not count["ok"]:

@@ -110,6 +110,29 @@ def _overlay_cell(start: Dict[str, Any]) -> str:
     return f"{overlay['selftest']}" + (f", configs {'/'.join(origins)}" if origins else "")
 
 
+def _compiles_cell(start: Dict[str, Any]) -> str:
+    compiles = start.get("our_compiles")
+    if not compiles:
+        return NONE
+    if compiles.get("in_engine") is None:
+        return f"{len(compiles['compiles'])} (no engine line)"
+    return f"{compiles['before_engine']} / {compiles['in_engine']}"
+
+
+def _engine_compile_lines(result: Dict[str, Any]) -> List[str]:
+    """Our kernels a start compiled after its engine started: what the background did not cover."""
+    lines = []
+    for side in result["sides"]:
+        for start in side.get("starts", []):
+            compiles = start.get("our_compiles") or {}
+            engine_s = compiles.get("engine_start_s")
+            late = [c for c in compiles.get("compiles", []) if engine_s is not None and c["at_s"] >= engine_s]
+            if late:
+                names = ", ".join(f"`{c['kernel']}` (+{c['at_s']:.1f} s)" for c in late)
+                lines.append(f"- {side['name']} {start['start']} (engine started at +{engine_s:.1f} s): {names}")
+    return lines or ["- none"]
+
+
 def _requests_cell(start: Dict[str, Any]) -> str:
     cells = []
     for request in start.get("requests") or []:
@@ -123,7 +146,7 @@ def _requests_cell(start: Dict[str, Any]) -> str:
 
 def _phases_table(result: Dict[str, Any]) -> List[str]:
     header = ["side", "start", "launch to /health"] + [title for _, title in PHASE_COLUMNS] + \
-        ["self-test, launch configs", "probe requests s", "JIT lines (ours)", "status"]
+        ["self-test, launch configs", "ours compiled: before the engine / in it", "probe requests s", "JIT lines (ours)", "status"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for side in result["sides"]:
         for start in side.get("starts", []):
@@ -131,7 +154,7 @@ def _phases_table(result: Dict[str, Any]) -> List[str]:
             jit = start.get("jit")
             cells = [side["name"], start["start"], _s(start.get("launch_to_health_s"))]
             cells += [_s(phases.get(key)) for key, _ in PHASE_COLUMNS]
-            cells += [_overlay_cell(start), _requests_cell(start),
+            cells += [_overlay_cell(start), _compiles_cell(start), _requests_cell(start),
                       f"{jit['count']} ({jit['ours']})" if jit else NONE, start.get("status", NONE)]
             lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -184,6 +207,13 @@ def render_markdown(result: Dict[str, Any]) -> str:
         "## Against the baseline",
         "",
         *comparison_lines(result),
+        "",
+        "## Our kernels compiled after the engine started",
+        "",
+        "Triton metadata files of `kernels/`'s kernels under the side's cache roots, newer than the launch, "
+        "against vLLM's \"Initializing a V1 LLM engine\" line (seconds after launch).",
+        "",
+        *_engine_compile_lines(result),
         "",
         "## JIT compilations during inference",
         "",

@@ -9,6 +9,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,15 @@ def test_startup_end_to_end_cold_then_warm_per_side(tmp_path):
     assert warm["phases"]["overlay_tune_s"] is None
     assert warm["cache_before"]["GOVINDA_CACHE_DIR"]["files"] >= 1
     assert stock["starts"][0]["overlay"]["selftest"] is None
+    # Our kernels' Triton metadata newer than the launch, split at the engine's start line: the
+    # cold start compiled one before it and one in it; the warm start only loaded them.
+    compiles = cold["our_compiles"]
+    assert [c["kernel"] for c in compiles["compiles"]] == ["_store_kv_int8_kernel", "_gather_kv_kernel"]
+    assert (compiles["before_engine"], compiles["in_engine"]) == (1, 1)
+    assert compiles["compiles"][0]["at_s"] < compiles["engine_start_s"] <= compiles["compiles"][1]["at_s"]
+    assert warm["our_compiles"]["compiles"] == [] and warm["our_compiles"]["in_engine"] is None
+    assert stock["starts"][0]["our_compiles"] == {"engine_start_s": None, "before_engine": None, "in_engine": None,
+                                                  "compiles": []}
     assert stock["starts"][0]["cache_after"]["GOVINDA_CACHE_DIR"]["files"] == 0
     # JIT lines: a vLLM kernel on every start, and with the overlay one of ours.
     assert [s["jit"]["kernels"] for s in stock["starts"]] == [["_compute_slot_mapping_kernel"]] * 2
@@ -116,6 +126,10 @@ def test_startup_end_to_end_cold_then_warm_per_side(tmp_path):
     md = (tmp_path / "reports" / "st-startup.md").read_text()
     assert "| govinda | cold |" in md and "| stock | warm |" in md and "`_gather_kv_kernel` (ours)" in md
     assert "govinda vs stock" in md and "govinda vs stock" in done.stdout  # the comparison is printed too
+    assert "| 1 / 1 |" in md and "0 (no engine line)" in md
+    late = md.split("## Our kernels compiled after the engine started")[1].split("##")[0]
+    assert "- govinda cold (engine started at +" in late and "`_gather_kv_kernel` (+" in late
+    assert "_store_kv_int8_kernel" not in late
 
 
 def test_only_one_side_per_call_and_report_only_joins(tmp_path):
@@ -191,3 +205,13 @@ def test_h200_script_runs_one_side_of_the_dense_shape(tmp_path):
     done = subprocess.run(["sh", str(script), "govinda"], cwd=REPO_ROOT, capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "SHAPE": "qwen3"})
     assert done.returncode == 2 and "SHAPE must be dense128 or qwen35" in done.stderr
+
+
+def test_engine_start_read_from_a_real_server_log():
+    """The engine's start line of the H200's Qwen3.5 cold start (vLLM 0.26), in the launch's year."""
+    from bench import startup_compiles
+
+    log = (REPO_ROOT / "reports" / "h200" / "startup_qwen35" / "govinda.cold.server.log").read_text()
+    launched = time.mktime(time.strptime("2026-12-06 09:37:05", "%Y-%m-%d %H:%M:%S"))
+    assert startup_compiles.engine_start_epoch(log, launched) - launched == 67.0  # 09:38:12
+    assert startup_compiles.engine_start_epoch("no engine here\n", launched) is None
