@@ -202,6 +202,11 @@ def test_h200_script_runs_one_side_of_the_dense_shape(tmp_path):
         ["--sides", str(REPO_ROOT / "scripts" / "h200" / "ab_qwen35_64layer_bench_serve.yaml")]))
     assert "fa3_bf16" in {s.name for s in qwen.sides} and "ab_qwen35_64layer_bench_serve.yaml" in text
     assert "--baseline fa3_bf16" in text  # the Qwen3.5 file's first side is TRITON_ATTN
+    # Its start-up sides file: FA3, the overlay, FA3 again (the A/A side), FA3 the baseline.
+    aa = startup.config_from_args(startup.build_arg_parser().parse_args(
+        ["--sides", str(REPO_ROOT / "scripts" / "h200" / "ab_qwen35_64layer_startup.yaml")]))
+    assert [s.name for s in aa.sides] == ["fa3_bf16", "govinda", "fa3_bf16_again"] and aa.baseline_name() == "fa3_bf16"
+    assert aa.model == qwen.model and aa.server_args == qwen.server_args
     done = subprocess.run(["sh", str(script), "govinda"], cwd=REPO_ROOT, capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "SHAPE": "qwen3"})
     assert done.returncode == 2 and "SHAPE must be dense128 or qwen35" in done.stderr
