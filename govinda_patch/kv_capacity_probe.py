@@ -20,6 +20,7 @@ NVIDIA, the simulated DCU of ``tests/dcu_sim`` in tests).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -36,6 +37,26 @@ RESULT_MARK = "govinda-capacity-result: "
 
 class CapacityError(RuntimeError):
     """The model or the request is outside what this calculation covers."""
+
+
+@contextlib.contextmanager
+def model_inspection_here():
+    """vLLM inspects a model class (hybrid or not, multimodal or not, ...) in a new interpreter
+    (``registry._run_in_subprocess``) so that its own process never initialises CUDA: a second
+    import of vLLM, on a cold start about as long as the first. A probe process runs no GPU work,
+    starts nothing after it and ends after one answer, so the inspection runs in it. vLLM's
+    model-info cache is written as before."""
+    from vllm.model_executor.models import registry
+
+    original = getattr(registry, "_run_in_subprocess", None)
+    if original is None:
+        yield
+        return
+    registry._run_in_subprocess = lambda fn: fn()
+    try:
+        yield
+    finally:
+        registry._run_in_subprocess = original
 
 
 def _engine_config(request: Dict[str, Any]):
@@ -237,9 +258,10 @@ def probe(request: Dict[str, Any]) -> Dict[str, Any]:
     import vllm
     from vllm.platforms import current_platform
 
-    cfg = _engine_config(request)
+    with model_inspection_here():
+        cfg = _engine_config(request)
+        kv = kv_layout(cfg)
     model_config = cfg.model_config
-    kv = kv_layout(cfg)
     weights = _weights(request, model_config)
     budget = kv_budget(request, weights["bytes"])
     request_lens = [int(n) for n in request.get("request_lens") or []]

@@ -235,3 +235,18 @@ def test_the_launch_shape_is_the_tuner_key_the_h200_logged(dcu):
     assert launch_shape.config_shape(argv + ["--kv-cache-dtype", "fp8"]) is None
     assert launch_shape.config_shape(["vllm", "serve", "meta-llama/Llama-3.1-8B"]) is None
     assert launch_shape.config_shape(["vllm", "serve", str(QWEN35)]) is None
+
+
+def test_probes_inspect_the_model_class_in_their_own_process():
+    """Both probes (capacity, launch shape) run vLLM's model-class inspection in their own process
+    instead of a second vLLM interpreter, and put vLLM's runner back afterwards."""
+    import os
+
+    from vllm.model_executor.models import registry
+
+    from govinda_patch.kv_capacity_probe import model_inspection_here
+
+    original = registry._run_in_subprocess
+    with model_inspection_here():
+        assert registry._run_in_subprocess(os.getpid) == os.getpid()
+    assert registry._run_in_subprocess is original

@@ -133,11 +133,12 @@ def _engine_config(argv: Sequence[str]):
 def probe(argv: Sequence[str]) -> Dict[str, Any]:
     import torch
 
-    from ..kv_capacity_probe import kv_layout
+    from ..kv_capacity_probe import kv_layout, model_inspection_here
 
-    cfg = _engine_config(argv)
+    with model_inspection_here():
+        cfg = _engine_config(argv)
+        kv = kv_layout(cfg)
     model_config, parallel_config = cfg.model_config, cfg.parallel_config
-    kv = kv_layout(cfg)
     if kv.attention_spec.dtype != torch.int8:
         return {"skip": f"the overlay does not serve this model here (KV dtype {kv.attention_spec.dtype})"}
     # The attention group's block size after page unification: the one the metadata builder sees.
