@@ -125,11 +125,10 @@ def _engine_compile_lines(result: Dict[str, Any]) -> List[str]:
     for side in result["sides"]:
         for start in side.get("starts", []):
             compiles = start.get("our_compiles") or {}
-            engine_s = compiles.get("engine_start_s")
-            late = [c for c in compiles.get("compiles", []) if engine_s is not None and c["at_s"] >= engine_s]
-            if late:
+            late = compiles["compiles"][-compiles["in_engine"]:] if compiles.get("in_engine") else []
+            if late:  # the compiles are in time order, the engine's last
                 names = ", ".join(f"`{c['kernel']}` (+{c['at_s']:.1f} s)" for c in late)
-                lines.append(f"- {side['name']} {start['start']} (engine started at +{engine_s:.1f} s): {names}")
+                lines.append(f"- {side['name']} {start['start']} (engine started at +{compiles['engine_start_s']:.1f} s): {names}")
     return lines or ["- none"]
 
 
