@@ -3,8 +3,8 @@
 
 The decode entry of a launch table (``kernels/launch_configs.py``) has knobs that only
 measurements can settle: the KV tile (``block_n``), ``num_warps``, the head_dim slice
-(``d_slice``, 0 = whole head), a register cap (``max_registers``, NVIDIA), the pipelined loop
-(``num_stages``) and how many programs per SM the split policy aims for. This script times
+(``d_slice``, 0 = whole head), a register cap (``max_registers``, NVIDIA), an L2 prefetch depth
+(``l2_prefetch``, NVIDIA), the pipelined loop (``num_stages``) and how many programs per SM the split policy aims for. This script times
 every combination on one attention layer (``--geometry``: ``qwen35``, Qwen3.5-27B's 24 q / 4 kv
 heads, D=256, block size 1552 as vLLM picks it for the hybrid model; ``dense128``, a Llama-8B
 layer, 32 q / 8 kv heads, D=128, block 16) through CUDA-graph replays with the L2 flushed, as
@@ -50,12 +50,15 @@ class DecodeVariant:
     # The split policy's floor of KV tiles per split: short contexts then use fewer splits
     # (the split count per context-length class, with the grid unchanged).
     min_tiles: int = 1
+    # NVIDIA: KV tiles requested into the L2 ahead of the one in use (KernelConfig.l2_prefetch).
+    l2_prefetch: int = 0
 
     @property
     def label(self) -> str:
         text = f"n{self.block_n}-w{self.num_warps}-s{self.num_stages}-ds{self.d_slice}-pps{self.programs_per_sm}"
         text += f"-r{self.max_registers}" if self.max_registers else ""
-        return text + (f"-mt{self.min_tiles}" if self.min_tiles != 1 else "")
+        text += f"-mt{self.min_tiles}" if self.min_tiles != 1 else ""
+        return text + (f"-pf{self.l2_prefetch}" if self.l2_prefetch else "")
 
 
 def parse_cases(text: str) -> List[Tuple[int, int]]:
@@ -82,6 +85,7 @@ def variant_table(launch_configs, device, head_dim: int, variant: Optional[Decod
         num_stages=variant.num_stages,
         d_slice=variant.d_slice,
         max_registers=variant.max_registers,
+        l2_prefetch=variant.l2_prefetch,
     )
     return dataclasses.replace(
         table,
@@ -219,11 +223,11 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
         payload["copy"] = section_copy(ctx)
     cases = parse_cases(args.cases) if not args.smoke else [(1, 300), (3, 200)]
     variants = [
-        DecodeVariant(n, w, ds, pps, st, regs, mt)
-        for n, w, ds, pps, st, regs, mt in itertools.product(
+        DecodeVariant(n, w, ds, pps, st, regs, mt, pf)
+        for n, w, ds, pps, st, regs, mt, pf in itertools.product(
             parse_ints(args.block_n), parse_ints(args.warps), parse_ints(args.d_slice),
             parse_ints(args.programs_per_sm), parse_ints(args.stages), parse_ints(args.max_registers),
-            parse_ints(args.min_tiles),
+            parse_ints(args.min_tiles), parse_ints(args.l2_prefetch),
         )
     ]
     deadline = time.time() + args.time_budget_s if args.time_budget_s > 0 else None
@@ -329,6 +333,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--programs-per-sm", default="2,4,8")
     p.add_argument("--stages", default="1")
     p.add_argument("--min-tiles", default="1", help="the split policy's minimum KV tiles per split")
+    p.add_argument("--l2-prefetch", default="0", help="KV tiles prefetched into the L2 ahead (NVIDIA only; 0: none)")
     p.add_argument("--block-size", type=int, default=None, help="cache block size (default: the geometry's)")
     p.add_argument("--rep-ms", type=float, default=None)
     p.add_argument("--time-budget-s", type=float, default=150.0, help="skip variants after this (0: no limit)")

@@ -219,17 +219,18 @@ def _stderr_to(path: str):
             os.close(saved)
 
 
-def bind_launch(launch: CapturedLaunch, arch: str):
-    """What ``JITFunction.run`` would key its compile on for ``arch``: the target and
-    ``(options, signature, constexprs, attrs)`` (attrs hold the argument specializations, e.g.
-    16-byte pointer alignment); equal bindings reuse one compiled kernel."""
+def bind_launch(launch: CapturedLaunch, arch: str, target=None):
+    """What ``JITFunction.run`` would key its compile on for ``arch`` (or for another
+    ``GPUTarget``, e.g. an NVIDIA one in tests): the target and ``(options, signature, constexprs,
+    attrs)`` (attrs hold the argument specializations, e.g. 16-byte pointer alignment); equal
+    bindings reuse one compiled kernel."""
     from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
 
     fn = launch.fn
-    target = GPUTarget("hip", arch, WAVE_SIZE)
+    target = target or GPUTarget("hip", arch, WAVE_SIZE)
     backend = make_backend(target)
     kwargs = dict(launch.kwargs)
     kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
@@ -239,12 +240,13 @@ def bind_launch(launch: CapturedLaunch, arch: str):
     return target, fn._pack_args(backend, kwargs, bound_args, specialization, options)
 
 
-def compile_launch(launch: CapturedLaunch, arch: str):
-    """Compile one recorded launch for ``arch`` the way ``JITFunction.run`` would on that device."""
+def compile_launch(launch: CapturedLaunch, arch: str, target=None):
+    """Compile one recorded launch for ``arch`` (or ``target``) the way ``JITFunction.run`` would
+    on that device."""
     import triton
     from triton.compiler import ASTSource
 
-    target, (options, signature, constexprs, attrs) = bind_launch(launch, arch)
+    target, (options, signature, constexprs, attrs) = bind_launch(launch, arch, target)
     return triton.compile(ASTSource(launch.fn, signature, constexprs, attrs), target=target, options=options.__dict__)
 
 

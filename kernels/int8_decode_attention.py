@@ -15,7 +15,9 @@ V feeds its own accumulator (``O_j^T += V_j^T P^T``). A whole-head tile's K and 
 load (one memory latency per tile) and its softmax sum stays per (token, head) until the end
 (one cross-warp reduction per tile). No tile is ever converted whole to a wider dtype.
 Launched with ``num_stages > 1`` the tile loop is software-pipelined by Triton: cp.async into
-shared memory on NVIDIA, the stream pipeliner's LDS buffers on AMD.
+shared memory on NVIDIA, the stream pipeliner's LDS buffers on AMD. ``L2_PREFETCH`` (NVIDIA
+only, a tuning candidate at D <= 128) asks the L2 for the K/V rows and scales of the tile that
+many iterations ahead (PTX ``prefetch.global.L2``), so a tile's load finds its lines on the way.
 
 Rotation (``ROTATE``): with the cache holding Hadamard-rotated rows, the split kernel rotates
 the query on the way in, as tensor-core products with the +-1 Sylvester matrix of one slice
@@ -140,6 +142,42 @@ def _split_range(seq_len, split, num_splits, BLOCK_N: tl.constexpr, MIN_TILES_PE
     return lo, hi, tl.minimum(tl.cdiv(num_tiles, tiles_per_split), num_splits)
 
 
+@triton.jit
+def _prefetch_l2(ptrs, mask):
+    """Ask the L2 for the lines at ``ptrs`` (NVIDIA PTX ``prefetch.global.L2``; no data comes back)."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+        "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+    )
+
+
+@triton.jit
+def _prefetch_tile(tile, tile_hi, seq_len, kv_head, block_table_row, cache_ptr, cache_f32_ptr,
+                   stride_cache_block, stride_cache_block_f32, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   BLOCK_N: tl.constexpr, V_DATA_OFFSET: tl.constexpr, K_SCALE_OFFSET_F32: tl.constexpr,
+                   V_SCALE_OFFSET_F32: tl.constexpr):
+    """Put the K and V rows and the scales of ``tile`` on their way to the L2 (nothing past the split).
+
+    A program waits out each tile's memory latency before it can use the tile; lines already
+    requested by an earlier iteration arrive from the L2 instead (reports/h200/decode-bandwidth.md).
+    """
+    LINE: tl.constexpr = 128
+    LINES: tl.constexpr = max(1, HEAD_DIM // LINE)
+    positions = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    valid = (positions < seq_len) & (tile < tile_hi)
+    block = tl.load(block_table_row + positions // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    row = kv_head * BLOCK_SIZE + positions % BLOCK_SIZE
+    data = cache_ptr + block * stride_cache_block + row * HEAD_DIM
+    line_ptrs = data[:, None] + tl.arange(0, LINES)[None, :] * LINE
+    _prefetch_l2(line_ptrs, valid[:, None])
+    _prefetch_l2(line_ptrs + V_DATA_OFFSET, valid[:, None])
+    # fp32 scales: one 128-byte line holds 32 consecutive rows' scales.
+    scales = cache_f32_ptr + block * stride_cache_block_f32 + row
+    first = valid & ((row % 32 == 0) | (tl.arange(0, BLOCK_N) == 0))
+    _prefetch_l2(scales + K_SCALE_OFFSET_F32, first)
+    _prefetch_l2(scales + V_SCALE_OFFSET_F32, first)
+
+
 @triton.jit(do_not_specialize=["num_tokens", "num_splits"])
 def decode_split_kernel(
     query_ptr,
@@ -180,6 +218,7 @@ def decode_split_kernel(
     UPCAST_DOT: tl.constexpr,
     ROTATE: tl.constexpr,  # rotate the query (the reduce kernel rotates the output back)
     ROTATION_NORM: tl.constexpr,
+    L2_PREFETCH: tl.constexpr = 0,  # NVIDIA only: tiles requested into the L2 ahead of the one in use
 ):
     tl.static_assert(not (ROTATE and WRITE_OUTPUT), "a rotated decode writes its output through the reduce kernel")
     seq = tl.program_id(0)
@@ -208,6 +247,8 @@ def decode_split_kernel(
     token = query_start.to(tl.int64)
     entry = (seq.to(tl.int64) * num_splits + split) * NUM_Q_HEADS + heads
 
+    block_table_row = block_table_ptr + seq.to(tl.int64) * stride_block_table
+
     q0 = _query_slice(query_ptr, token, heads, col_valid, stride_q_token, stride_q_head, stride_q_dim, 0, D_SLICE, DOT_DTYPE, UPCAST_DOT)
     q1 = q0
     q2 = q0
@@ -224,6 +265,13 @@ def decode_split_kernel(
         q2 = dot_operand(r2, DOT_DTYPE, UPCAST_DOT)
         q3 = dot_operand(r3, DOT_DTYPE, UPCAST_DOT)
 
+    # The first tiles' requests (after the query: issued before its rotation, they made the
+    # rotated D=256 kernel spill under its register cap).
+    for ahead in tl.static_range(L2_PREFETCH):
+        _prefetch_tile(tile_lo + ahead, tile_hi, seq_len, kv_head, block_table_row, cache_ptr, cache_f32_ptr,
+                       stride_cache_block, stride_cache_block_f32, BLOCK_SIZE, HEAD_DIM, BLOCK_N, V_DATA_OFFSET,
+                       K_SCALE_OFFSET_F32, V_SCALE_OFFSET_F32)
+
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     l_t = tl.zeros([BLOCK_N, GROUP_PAD], dtype=tl.float32)
@@ -231,7 +279,6 @@ def decode_split_kernel(
     acc1 = acc0
     acc2 = acc0
     acc3 = acc0
-    block_table_row = block_table_ptr + seq.to(tl.int64) * stride_block_table
     slice_dims = tl.arange(0, D_SLICE)
     kv_offsets = tl.arange(0, 2) * V_DATA_OFFSET
     # A whole-head tile is requested in one load; sliced ones slice by slice, where each
@@ -259,6 +306,10 @@ def decode_split_kernel(
             # data, so a separate V load would be issued only once K has arrived.
             kv_tile = tl.load(k_ptrs[:, None, :] + kv_offsets[None, :, None], mask=valid[:, None, None], other=0)
             k_tile, v_tile = tl.split(tl.permute(kv_tile, [0, 2, 1]))  # int8 [BLOCK_N, HEAD_DIM] each
+        if L2_PREFETCH > 0:
+            _prefetch_tile(tile + L2_PREFETCH, tile_hi, seq_len, kv_head, block_table_row, cache_ptr, cache_f32_ptr,
+                           stride_cache_block, stride_cache_block_f32, BLOCK_SIZE, HEAD_DIM, BLOCK_N, V_DATA_OFFSET,
+                           K_SCALE_OFFSET_F32, V_SCALE_OFFSET_F32)
 
         s_t = tl.zeros([BLOCK_N, GROUP_PAD], dtype=tl.float32)
         s_t = _scores_slice(s_t, k_tile, k_ptrs, valid, q0, 0, D_SLICE, ONE_LOAD, DOT_DTYPE, UPCAST_DOT)

@@ -198,6 +198,15 @@ def _reduce_form(num_decodes, num_q_heads, head_dim, num_splits, num_sms, rotate
     return min(reduce.block_n, head_dim), reduce.block_m
 
 
+def _l2_prefetch(config) -> dict:
+    """``L2_PREFETCH`` for the decode launch: the config's depth on NVIDIA; never on AMD (no such
+    instruction) or under the interpreter (no inline assembly)."""
+    depth = getattr(config, "l2_prefetch", 0)
+    if depth <= 0 or interpreting() or torch.version.hip is not None:
+        return {}
+    return {"L2_PREFETCH": depth}
+
+
 def _launch_decode(
     step: _Step,
     *,
@@ -245,6 +254,7 @@ def _launch_decode(
         ROTATE=rotate,
         ROTATION_NORM=normalizer(head_dim),
         **_page_constexprs(block_size, num_kv_heads, head_dim, step.query.dtype),
+        **_l2_prefetch(config),
         **config.launch_kwargs(),
     )
     if write_output:

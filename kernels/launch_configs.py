@@ -57,6 +57,9 @@ class KernelConfig:
     # NVIDIA only: a register cap per thread (ptxas .maxnreg; 0: the compiler's choice), so that
     # one more program fits on an SM.
     max_registers: int = 0
+    # Decode on NVIDIA only: KV tiles requested into the L2 ahead of the one being used (PTX
+    # prefetch.global.L2; 0: none). Not a compiler option: the launch passes it as L2_PREFETCH.
+    l2_prefetch: int = 0
     # HIP-only compiler knobs; 0 means "leave the compiler's default" and is not passed.
     waves_per_eu: int = 0
     matrix_instr_nonkdim: int = 0
@@ -66,7 +69,7 @@ class KernelConfig:
     def label(self) -> str:
         text = f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}"
         for name, short in (
-            ("d_slice", "ds"), ("max_registers", "r"), ("waves_per_eu", "we"), ("matrix_instr_nonkdim", "mi"), ("kpack", "kp"),
+            ("d_slice", "ds"), ("max_registers", "r"), ("l2_prefetch", "pf"), ("waves_per_eu", "we"), ("matrix_instr_nonkdim", "mi"), ("kpack", "kp"),
         ):
             if getattr(self, name):
                 text += f"{short}{getattr(self, name)}"
@@ -425,6 +428,10 @@ def _cuda_candidates(head_dim: int) -> TuningCandidates:
         KernelConfig(block_n=64, num_warps=4, num_stages=1),
         KernelConfig(block_n=32, num_warps=4, num_stages=3, d_slice=64),
     )
+    if head_dim <= 128:
+        # One KV tile prefetched into the L2 ahead: 3-5 % faster at 16K and up at D=128 on an
+        # H100, slower at D=256 (reports/h200/decode-bandwidth.md, 2026-12-06 L2 prefetch).
+        decode += (KernelConfig(block_n=64, num_warps=4, num_stages=1, d_slice=128, max_registers=128, l2_prefetch=1),)
     return TuningCandidates(decode, programs_per_sm=(2, 4, 8), batched_programs_per_sm=(2, 4, 8), prefill=prefill)
 
 

@@ -98,6 +98,7 @@ SLOW_CASES = {
     "test_capacity_calculator.py::test_token_counts_match_the_h200_logs",
     "test_capacity_calculator.py::test_the_launch_shape_is_the_tuner_key_the_h200_logged",
     "test_int8_integration.py::test_a_server_launch_tests_the_kernels_in_the_background_before_the_worker_starts",
+    "test_decode_l2_prefetch.py::test_sm90_decode_prefetches_only_when_asked_without_spills",
 }
 
 

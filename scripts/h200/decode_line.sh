@@ -3,9 +3,12 @@
 #   1. python -m bench.kernel_bench --fa3 (FA3 bf16, stock TRITON_ATTN bf16, ours; copy and
 #      streaming-read yardsticks) on both geometries, decode cases only;
 #   2. python -m bench.kernel_bench --rotation (ours unrotated vs rotated) on both geometries;
-#   3. python -m bench.tune_decode sweeps of tile x slice x register cap x split count.
+#   3. python -m bench.tune_decode sweeps of tile x slice x register cap x split count;
+#   4. (prefetch, not in the default) the table's decode entry with 0-3 KV tiles prefetched into
+#      the L2 ahead, at 4 and 2 programs per SM (unrotated).
 # Usage, from the repo root on the device (carry .device): sh scripts/h200/decode_line.sh [PARTS]
-# PARTS: any of fa3 rotation sweep (default: all three), e.g. `sh scripts/h200/decode_line.sh fa3`.
+# PARTS: any of fa3 rotation sweep prefetch (default: fa3 rotation sweep), e.g.
+# `sh scripts/h200/decode_line.sh fa3`.
 set -eu
 OUT_DIR=${OUT:-/tmp/decode-line}
 mkdir -p "$OUT_DIR"
@@ -25,7 +28,10 @@ for part in $parts; do
             sweep) python3 -m bench.tune_decode --geometry "$geometry" --cases "$cases" --block-n 64,128 \
                      --d-slice 64,128 --max-registers 0,128 --programs-per-sm 2,4,8 --time-budget-s 70 \
                      --out "$OUT_DIR/decode_sweep_$geometry.json" > "$OUT_DIR/decode_sweep_$geometry.log" 2>&1 ;;
-            *) echo "unknown part $part (fa3 rotation sweep)" >&2; exit 2 ;;
+            prefetch) python3 -m bench.tune_decode --geometry "$geometry" --cases "$cases" --block-n 64 --warps 4 \
+                     --d-slice 128 --max-registers 128 --programs-per-sm 4,2 --l2-prefetch 0,1,2,3 --time-budget-s 70 \
+                     --out "$OUT_DIR/decode_prefetch_$geometry.json" > "$OUT_DIR/decode_prefetch_$geometry.log" 2>&1 ;;
+            *) echo "unknown part $part (fa3 rotation sweep prefetch)" >&2; exit 2 ;;
         esac
         tail -n 40 "$OUT_DIR"/*"$geometry".log | grep -v "^$" | tail -n 25 || true
     done
