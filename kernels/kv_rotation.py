@@ -64,6 +64,17 @@ def hadamard_reference(x: torch.Tensor) -> torch.Tensor:
     return y * normalizer(head_dim)
 
 
+def sylvester_signs(n: int, device=None, dtype=torch.float32) -> torch.Tensor:
+    """The unnormalised +-1 Sylvester matrix ``S[i, j] = (-1)^popcount(i & j)``, ``[n, n]`` (n <= 256):
+    ``H_n = S / sqrt(n)``. The decode kernel's query rotation multiplies by it (exact in bf16/fp16)."""
+    index = torch.arange(n, device=device)
+    bits = index[:, None] & index[None, :]
+    for shift in (4, 2, 1):  # fold the parity of 8 bits into bit 0
+        bits = bits ^ (bits >> shift)
+    ones = torch.ones((), dtype=dtype, device=device)
+    return torch.where((bits & 1) == 0, ones, -ones)
+
+
 def hadamard_matrix(head_dim: int, device=None, dtype=torch.float32) -> torch.Tensor:
     """The same rotation as a ``[D, D]`` matrix (symmetric: ``x @ H`` rotates rows of ``x``)."""
     return hadamard_reference(torch.eye(head_dim, dtype=torch.float32)).to(device=device, dtype=dtype)
