@@ -218,7 +218,7 @@ def _reduce_form(num_decodes, num_q_heads, head_dim, num_splits, num_sms, rotate
 def _l2_prefetch(config) -> dict:
     """``L2_PREFETCH`` for the decode launch: the config's depth on NVIDIA; never on AMD (no such
     instruction) or under the interpreter (no inline assembly)."""
-    depth = getattr(config, "l2_prefetch", 0)
+    depth = config.l2_prefetch
     if depth <= 0 or interpreting() or torch.version.hip is not None:
         return {}
     return {"L2_PREFETCH": depth}

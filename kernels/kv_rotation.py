@@ -65,14 +65,9 @@ def hadamard_reference(x: torch.Tensor) -> torch.Tensor:
 
 
 def sylvester_signs(n: int, device=None, dtype=torch.float32) -> torch.Tensor:
-    """The unnormalised +-1 Sylvester matrix ``S[i, j] = (-1)^popcount(i & j)``, ``[n, n]`` (n <= 256):
+    """The unnormalised +-1 Sylvester matrix ``S[i, j] = (-1)^popcount(i & j)``, ``[n, n]``:
     ``H_n = S / sqrt(n)``. The decode kernel's query rotation multiplies by it (exact in bf16/fp16)."""
-    index = torch.arange(n, device=device)
-    bits = index[:, None] & index[None, :]
-    for shift in (4, 2, 1):  # fold the parity of 8 bits into bit 0
-        bits = bits ^ (bits >> shift)
-    ones = torch.ones((), dtype=dtype, device=device)
-    return torch.where((bits & 1) == 0, ones, -ones)
+    return (hadamard_matrix(n, device) * n**0.5).round().to(dtype)
 
 
 def hadamard_matrix(head_dim: int, device=None, dtype=torch.float32) -> torch.Tensor:

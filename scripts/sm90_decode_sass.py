@@ -5,7 +5,7 @@ Compiles the real wrapper's decode launch (``govinda_patch.amd_aot.capture_varia
 Triton's NVIDIA backend, and prints per head_dim and rotation the instruction count and the most
 frequent opcodes. Used to see what a rotated decode adds to the kernel (issue #24, target 3)::
 
-    python scripts/sm90_decode_sass.py            # from the repo root, no TRITON_INTERPRET
+    PYTHONPATH=. python scripts/sm90_decode_sass.py    # from the repo root, no TRITON_INTERPRET
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import re
 import subprocess
 import sys
 import tempfile
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CASES = ((256, 6), (128, 4))  # (head_dim, query heads per KV head): Qwen3.5-27B, Llama-3-8B
 

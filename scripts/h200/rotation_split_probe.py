@@ -17,9 +17,7 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.getcwd())
-
-from govinda_patch.kernel_package import import_kernel  # noqa: E402
+from govinda_patch.kernel_package import import_kernel
 
 
 class _RotationOff:
