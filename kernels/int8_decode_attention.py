@@ -20,8 +20,7 @@ only, a tuning candidate at D <= 128) asks the L2 for the K/V rows and scales of
 many iterations ahead (PTX ``prefetch.global.L2``), so a tile's load finds its lines on the way.
 
 Rotation (``ROTATE``): with the cache holding Hadamard-rotated rows, the split kernel rotates
-the query on the way in, as tensor-core products with the +-1 Sylvester matrix of one slice,
-loaded from the host's ``DecodeWorkspace`` rather than built in every program
+the query on the way in, as tensor-core products with the +-1 Sylvester matrix of one slice
 (``H_D = H_{D/s} (x) H_s``: a slice of the rotated vector is a signed sum of the rotated
 slices); the product is exact (bf16/fp16 times +-1, fp32 sums). The output is rotated back once
 per (decode, head), in fp32 with :func:`kv_rotation.hadamard_rows`, by the reduce kernel: its
@@ -49,6 +48,20 @@ MAX_SLICES = 4
 
 
 @triton.jit
+def _signs(N: tl.constexpr, DTYPE: tl.constexpr):
+    """The +-1 Sylvester-Hadamard matrix ``S[i, j] = (-1)^popcount(i & j)`` for N <= 256.
+
+    Built in registers where it is used. Loading it from a table instead saves about 850 sm90
+    instructions per program but gave non-finite outputs on sm90 (Triton 3.6) in three of four
+    variants (reports/h200/decode-bandwidth.md, "the loaded +-1 table")."""
+    bits = tl.arange(0, N)[:, None] & tl.arange(0, N)[None, :]
+    bits = bits ^ (bits >> 4)
+    bits = bits ^ (bits >> 2)
+    bits = bits ^ (bits >> 1)
+    return tl.where((bits & 1) == 0, 1.0, -1.0).to(DTYPE)
+
+
+@triton.jit
 def _signed_sums(w0, w1, w2, w3, NUM_SLICES: tl.constexpr):
     """Slice j of ``(H_{NUM_SLICES} (x) I) [w0; w1; w2; w3]`` (unnormalised), for j = 0..3."""
     if NUM_SLICES == 1:
@@ -61,11 +74,10 @@ def _signed_sums(w0, w1, w2, w3, NUM_SLICES: tl.constexpr):
 
 
 @triton.jit
-def _rotate_exact(x0, x1, x2, x3, signs, D_SLICE: tl.constexpr, NUM_SLICES: tl.constexpr, NORM: tl.constexpr,
+def _rotate_exact(x0, x1, x2, x3, D_SLICE: tl.constexpr, NUM_SLICES: tl.constexpr, NORM: tl.constexpr,
                   DOT_DTYPE: tl.constexpr, UPCAST_DOT: tl.constexpr):
-    """``H x`` of a column set split in slices ``x_j [D_SLICE, G]`` held in the dot dtype (exact);
-    ``signs`` is the +-1 Sylvester matrix of one slice."""
-    signs = dot_operand(signs, DOT_DTYPE, UPCAST_DOT)
+    """``H x`` of a column set split in slices ``x_j [D_SLICE, G]`` held in the dot dtype (exact)."""
+    signs = dot_operand(_signs(D_SLICE, DOT_DTYPE), DOT_DTYPE, UPCAST_DOT)
     w0 = tl.dot(signs, x0)
     w1 = w0
     w2 = w0
@@ -182,7 +194,6 @@ def decode_split_kernel(
     partial_acc_ptr,  # fp32 [entries * NUM_Q_HEADS, HEAD_DIM]; entry = seq * num_splits + split
     partial_max_ptr,  # fp32 [entries * NUM_Q_HEADS]  (base-2 running max)
     partial_sum_ptr,  # fp32 [entries * NUM_Q_HEADS]
-    signs_ptr,  # ROTATE: the +-1 Sylvester matrix [D_SLICE, D_SLICE] in the query's dtype
     qk_scale,  # softmax_scale * log2(e)
     num_tokens,
     num_splits,
@@ -241,12 +252,6 @@ def decode_split_kernel(
     entry = (seq.to(tl.int64) * num_splits + split) * NUM_Q_HEADS + heads
 
     block_table_row = block_table_ptr + seq.to(tl.int64) * stride_block_table
-    if ROTATE:
-        # Loaded, not built: computing the matrix from bit arithmetic in every program's
-        # prologue took about 1,000 instructions ahead of the first KV load
-        # (reports/h200/decode-bandwidth.md, rotated batch-1 excess).
-        sign_rows = tl.arange(0, D_SLICE)
-        signs = tl.load(signs_ptr + sign_rows[:, None] * D_SLICE + sign_rows[None, :])
 
     q0 = _query_slice(query_ptr, token, heads, col_valid, stride_q_token, stride_q_head, stride_q_dim, 0, D_SLICE, DOT_DTYPE, UPCAST_DOT)
     q1 = q0
@@ -258,7 +263,7 @@ def decode_split_kernel(
         q2 = _query_slice(query_ptr, token, heads, col_valid, stride_q_token, stride_q_head, stride_q_dim, 2, D_SLICE, DOT_DTYPE, UPCAST_DOT)
         q3 = _query_slice(query_ptr, token, heads, col_valid, stride_q_token, stride_q_head, stride_q_dim, 3, D_SLICE, DOT_DTYPE, UPCAST_DOT)
     if ROTATE:
-        r0, r1, r2, r3 = _rotate_exact(q0, q1, q2, q3, signs, D_SLICE, NUM_SLICES, ROTATION_NORM, DOT_DTYPE, UPCAST_DOT)
+        r0, r1, r2, r3 = _rotate_exact(q0, q1, q2, q3, D_SLICE, NUM_SLICES, ROTATION_NORM, DOT_DTYPE, UPCAST_DOT)
         q0 = dot_operand(r0, DOT_DTYPE, UPCAST_DOT)
         q1 = dot_operand(r1, DOT_DTYPE, UPCAST_DOT)
         q2 = dot_operand(r2, DOT_DTYPE, UPCAST_DOT)

@@ -28,8 +28,8 @@ rotated back in place. A pass over the rows costs about what reading and writing
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Dict, NamedTuple, Optional, Tuple
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import triton
@@ -41,7 +41,7 @@ from .int8_kv_gather import gather_kv_int8
 from .int8_kv_layout import page_offsets
 from .int8_kv_store import float32_view
 from .int8_prefill_attention import prefill_attention_kernel
-from .kv_rotation import NONE, check_rotation, log2_exact, normalizer, rotate_token_rows, sylvester_signs
+from .kv_rotation import NONE, check_rotation, log2_exact, normalizer, rotate_token_rows
 from .launch_configs import (
     ArchLaunchConfigs,
     decode_num_splits,
@@ -62,8 +62,6 @@ _DOT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 # SM: fewer, fuller programs for batched steps, slices keep batch 1 spread
 # (reports/h200/decode-bandwidth.md, top section).
 WHOLE_ROW_REDUCE_ELEMENTS = 16384
-# A rotated decode's head_dim slice (or the whole head when smaller): see decode_slice.
-ROTATION_SLICE = 128
 
 
 def decode_splits_for(
@@ -82,8 +80,6 @@ class DecodeWorkspace:
     Entry ``e = seq * num_splits + split`` holds, for every query head, the unnormalised
     accumulator ``[head_dim]``, the base-2 running max and the exp-sum. ``row_count`` (zero
     between launches) counts the merged slices of each output row of a rotated decode.
-    ``rotation_signs`` holds the +-1 matrix a rotated decode multiplies the query by, per (dtype,
-    slice width), made here so that nothing is allocated while CUDA graphs are captured.
     """
 
     partial_acc: torch.Tensor  # fp32 [max_entries * num_q_heads, head_dim]
@@ -93,14 +89,6 @@ class DecodeWorkspace:
     max_entries: int
     num_q_heads: int
     head_dim: int
-    rotation_signs: Dict[Tuple[torch.dtype, int], torch.Tensor] = field(default_factory=dict)
-
-    def signs_for(self, dtype: torch.dtype, width: int) -> torch.Tensor:
-        """The ``[width, width]`` +-1 Sylvester matrix in ``dtype`` on the workspace's device."""
-        key = (dtype, width)
-        if key not in self.rotation_signs:
-            self.rotation_signs[key] = sylvester_signs(width, self.partial_acc.device, dtype)
-        return self.rotation_signs[key]
 
     @classmethod
     def allocate(
@@ -132,7 +120,7 @@ class DecodeWorkspace:
     def with_entries(cls, max_entries: int, num_q_heads: int, head_dim: int, device: torch.device) -> "DecodeWorkspace":
         """Room for exactly ``max_entries`` (decode, split) pairs."""
         rows = max_entries * num_q_heads
-        workspace = cls(
+        return cls(
             partial_acc=torch.empty((rows, head_dim), dtype=torch.float32, device=device),
             partial_max=torch.empty((rows,), dtype=torch.float32, device=device),
             partial_sum=torch.empty((rows,), dtype=torch.float32, device=device),
@@ -141,11 +129,6 @@ class DecodeWorkspace:
             num_q_heads=num_q_heads,
             head_dim=head_dim,
         )
-        if head_dim & (head_dim - 1) == 0:  # a head the rotation supports: its slice, both dtypes
-            width = min(head_dim, ROTATION_SLICE)
-            for dtype in _DOT_DTYPES:
-                workspace.signs_for(dtype, width)
-        return workspace
 
     def check_fits(self, num_decodes: int, num_splits: int, num_q_heads: int, head_dim: int) -> None:
         if num_q_heads != self.num_q_heads or head_dim != self.head_dim:
@@ -199,7 +182,7 @@ def decode_slice(head_dim: int, config, rotate: bool) -> int:
         # 128 wide (or the whole head when smaller): on sm90 (Triton 3.6) the rotated kernel
         # with 64-wide slices of a 128/256 head computed garbage or faulted, 128-wide ones are
         # exact (reports/h200/decode-bandwidth.md); the +-1 tile is one slice squared.
-        width = min(max(width, min(ROTATION_SLICE, head_dim)), max(ROTATION_SLICE, head_dim // MAX_SLICES))
+        width = min(max(width, min(128, head_dim)), max(128, head_dim // MAX_SLICES))
     return width
 
 
@@ -250,14 +233,11 @@ def _launch_decode(
         workspace.check_fits(num_decodes, num_splits, num_q_heads, head_dim)
         partial_acc, partial_max, partial_sum = workspace.partial_acc, workspace.partial_max, workspace.partial_sum
         row_count = workspace.row_count
-    d_slice = decode_slice(head_dim, config, rotate)
-    signs = workspace.signs_for(step.query.dtype, d_slice) if rotate else step.query  # unread unrotated
     decode_split_kernel[(num_decodes, num_kv_heads, num_splits)](
         *step,
         partial_acc,
         partial_max,
         partial_sum,
-        signs,
         qk_scale,
         num_tokens,
         num_splits,
@@ -268,7 +248,7 @@ def _launch_decode(
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
         BLOCK_N=config.block_n,
-        D_SLICE=d_slice,
+        D_SLICE=decode_slice(head_dim, config, rotate),
         MIN_TILES_PER_SPLIT=configs.decode_splits.min_tiles_per_split,
         WRITE_OUTPUT=write_output,
         ROTATE=rotate,

@@ -64,12 +64,6 @@ def hadamard_reference(x: torch.Tensor) -> torch.Tensor:
     return y * normalizer(head_dim)
 
 
-def sylvester_signs(n: int, device=None, dtype=torch.float32) -> torch.Tensor:
-    """The unnormalised +-1 Sylvester matrix ``S[i, j] = (-1)^popcount(i & j)``, ``[n, n]``:
-    ``H_n = S / sqrt(n)``. The decode kernel's query rotation multiplies by it (exact in bf16/fp16)."""
-    return (hadamard_matrix(n, device) * n**0.5).round().to(dtype)
-
-
 def hadamard_matrix(head_dim: int, device=None, dtype=torch.float32) -> torch.Tensor:
     """The same rotation as a ``[D, D]`` matrix (symmetric: ``x @ H`` rotates rows of ``x``)."""
     return hadamard_reference(torch.eye(head_dim, dtype=torch.float32)).to(device=device, dtype=dtype)

@@ -46,29 +46,6 @@ def test_reference_is_the_orthonormal_sylvester_hadamard_matrix(head_dim):
     torch.testing.assert_close(kv_rotation.hadamard_reference(kv_rotation.hadamard_reference(x)), x, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("width", [16, 64, 128, 256])
-def test_decode_signs_are_the_unnormalised_matrix_in_every_dot_dtype(width):
-    # The rotated decode multiplies the query by this table (loaded, not built, in the kernel).
-    expected = kv_rotation.hadamard_matrix(width, dtype=torch.float64) * width**0.5
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        signs = kv_rotation.sylvester_signs(width, dtype=dtype)
-        assert signs.dtype == dtype and signs.shape == (width, width)
-        assert torch.equal(signs.double(), expected.round())
-        torch.testing.assert_close(signs.double(), expected)
-
-
-def test_decode_workspace_holds_the_signs_before_any_decode():
-    # Built with the workspace (before CUDA graphs are captured), for both query dtypes.
-    attention = import_kernel("int8_paged_attention")
-    for head_dim, width in ((64, 64), (128, 128), (256, 128)):
-        workspace = attention.DecodeWorkspace.with_entries(4, 6, head_dim, torch.device("cpu"))
-        assert set(workspace.rotation_signs) == {(torch.bfloat16, width), (torch.float16, width)}
-        signs = workspace.rotation_signs[(torch.bfloat16, width)]
-        assert workspace.signs_for(torch.bfloat16, width) is signs  # no new tensor per call
-        config = import_kernel("launch_configs").KernelConfig(block_n=64, d_slice=0)
-        assert attention.decode_slice(head_dim, config, True) == width
-
-
 def test_unknown_rotation_and_odd_head_dim_are_clear_errors():
     with pytest.raises(ValueError, match="unknown KV rotation"):
         kv_rotation.check_rotation("givens")
