@@ -658,9 +658,22 @@ def run(options: BenchOptions, sections: Sequence[str] = ALL_SECTIONS) -> Dict[s
             ctx.checkpoint()
             log(f"section {section} done in {result['seconds']} s")
     payload["meta"]["total_seconds"] = round(time.time() - START, 1)
+    payload["meta"]["non_finite_outputs"] = non_finite_outputs(payload["sections"])
     ctx.checkpoint()
     print_tables(ctx, payload["sections"])
     return payload
+
+
+def non_finite_outputs(sections: Dict[str, Any]) -> List[str]:
+    """``"<case> <contender>"`` for every contender whose output held a NaN or an inf: a kernel
+    that computes garbage fast must not pass for a fast kernel."""
+    found = []
+    for result in sections.values():
+        for case in result.get("cases", []) if isinstance(result, dict) else []:
+            for name, record in case.get("contenders", {}).items():
+                if isinstance(record, dict) and record.get("output_finite") is False:
+                    found.append(f"{case.get('case')} {name}")
+    return found
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> Tuple[BenchOptions, List[str]]:
@@ -719,8 +732,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"unknown sections: {unknown}; choose from {ALL_SECTIONS}", file=sys.stderr)
         return 2
     prepare_environment(options.smoke)
-    run(options, sections)
+    payload = run(options, sections)
     log(f"wrote {options.out}")
+    broken = payload["meta"]["non_finite_outputs"]
+    if broken:
+        print(f"NON-FINITE OUTPUTS ({len(broken)}): " + "; ".join(broken), file=sys.stderr)
+        return 1
     return 0
 
 
