@@ -10,7 +10,8 @@ tune once and all use the same choice. The builder passes the resulting table to
 call; no table is ever modified.
 
 The child (:func:`run_tuning`) checks each candidate of ``launch_configs.tuning_candidates``
-against the torch reference on a small batch, then times it: decode tiles x split policy at
+against the torch reference on a small batch of the model's shape, with the KV rotation in force,
+then times it: decode tiles x split policy at
 batch 1 (scored by the geometric mean of their times at several contexts, 4K/16K/32K on a
 GPU), the split policy at batch 8, then prefill tiles/warps/stages. It keeps the fastest
 correct candidate of each part, within a time budget (``GOVINDA_TUNE_BUDGET_S``); parts it
@@ -232,12 +233,20 @@ def launch_configs_for(shape: TuneShape, device, tune_here: bool = False):
 
 
 class TuneProblems:
-    """Inputs for one shape on one device: a small check batch and the timed batches."""
+    """Inputs for one shape on one device: a small check batch and the timed batches.
 
-    def __init__(self, shape: TuneShape, device, workload: TuneWorkload, seed: int = 0):
+    Everything runs with the KV rotation in force (``GOVINDA_KV_ROTATION``, part of the cache
+    key): the rotated kernels are other specialisations, and the ones a server launches at its
+    own shape are what the check must pass (a miscompile can hit one shape and spare another).
+    """
+
+    def __init__(self, shape: TuneShape, device, workload: TuneWorkload, seed: int = 0, rotation: Optional[str] = None):
         import torch
 
+        from ..settings import kv_rotation
+
         self.torch = torch
+        self.rotation = kv_rotation() if rotation is None else rotation
         self.layout = import_kernel("int8_kv_layout")
         self.attention = import_kernel("int8_paged_attention")
         self.shape, self.device, self.workload = shape, torch.device(device), workload
@@ -289,7 +298,7 @@ class TuneProblems:
             slots.extend(row[p // bs] * bs + p % bs for p in range(seq_len))
         keys = self._randn(len(slots), self.shape.num_kv_heads, self.shape.head_dim)
         slot_mapping = torch.tensor(slots, dtype=torch.int64, device=self.device)
-        self.layout.store_reference(keys, self._randn(*keys.shape), self.cache, slot_mapping, bs)
+        self.layout.store_reference(keys, self._randn(*keys.shape), self.cache, slot_mapping, bs, rotation=self.rotation)
 
     def _randn(self, *shape):
         return self.torch.randn(*shape, generator=self.generator).to(device=self.device, dtype=self.dtype)
@@ -325,6 +334,7 @@ class TuneProblems:
             block_size=self.shape.block_size, num_kv_heads=self.shape.num_kv_heads,
             softmax_scale=self.shape.head_dim**-0.5, max_query_len=batch["max_query_len"],
             max_seq_len=batch["max_seq_len"], num_decodes=batch["num_decodes"], workspace=workspace, configs=configs,
+            rotation=self.rotation,
         )
         return batch["output"]
 
@@ -334,7 +344,7 @@ class TuneProblems:
         expected = self.attention.attention_reference(
             batch["query"], self.cache, batch["query_start_loc"], batch["seq_lens"], batch["block_table"],
             block_size=self.shape.block_size, num_kv_heads=self.shape.num_kv_heads,
-            softmax_scale=self.shape.head_dim**-0.5,
+            softmax_scale=self.shape.head_dim**-0.5, rotation=self.rotation,
         )
         if not bool(self.torch.isfinite(output).all()):
             return math.inf
@@ -557,6 +567,7 @@ def run_tuning(
     return {
         "ok": True,
         "shape": asdict(shape),
+        "rotation": problems.rotation,
         "table": base.key,
         "choice": chosen.to_json(),
         "label": chosen.label,

@@ -87,6 +87,21 @@ def test_picks_the_fastest_candidate_that_matches_the_reference(monkeypatch):
     assert ("decode_b1", "m16n16w4s1 pps1") not in timer.calls
     assert trials[("decode_b1", "m16n32w4s1 pps2")]["error_ratio"] <= 1.0
     assert result["ok"] and not result["skipped"]
+    assert result["rotation"] == "none"
+
+
+def test_candidates_are_checked_with_the_rotation_in_force(monkeypatch):
+    # The rotated kernels are other specialisations; the check must run the ones a server with
+    # GOVINDA_KV_ROTATION=hadamard launches, over rotated pages, against the rotated reference.
+    monkeypatch.setenv("GOVINDA_KV_ROTATION", "hadamard")
+    problems = tuner.TuneProblems(SHAPE, "cpu", tuner.INTERPRETER_WORKLOAD)
+    assert problems.rotation == "hadamard"
+    assert problems.check(problems.check_decode, TABLE) <= 1.0
+    assert problems.check(problems.check_prefill, TABLE) <= 1.0
+    # The unrotated kernels read the same pages wrongly: the check sees the difference.
+    real = attention.paged_attention_int8
+    monkeypatch.setattr(attention, "paged_attention_int8", lambda *a, rotation=None, **k: real(*a, rotation="none", **k))
+    assert problems.check(problems.check_decode, TABLE) > 1.0
 
 
 def test_batch_one_decode_is_scored_over_every_context():
