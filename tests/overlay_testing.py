@@ -119,3 +119,23 @@ def run_child(code: str, env: dict, timeout: float = 300, cwd: Path | None = Non
         timeout=timeout,
     )
     return ChildResult(completed)
+
+
+def run_module(module: str, args, env: dict, timeout: float = 300, cwd: Path | None = None,
+               fresh: bool = False) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` with captured text output, like ``subprocess.run(..., capture_output=True,
+    text=True)``: forked from the warm interpreter as ``run_child``'s children are (``sys.argv`` and
+    ``sys.path[0]`` set as ``-m`` sets them), or that command line itself when ``fresh`` (or an
+    ``env`` the warm interpreters do not serve)."""
+    args = [str(a) for a in args]
+    command = [sys.executable, "-m", module, *args]
+    cwd = Path(cwd or REPO / "tests")
+    warm = None if fresh or os.environ.get("GOVINDA_TEST_FRESH_CHILDREN", "") == "1" else _warm_for(env)
+    if warm is None:
+        return subprocess.run(command, env=env, cwd=str(cwd), capture_output=True, text=True, timeout=timeout)
+    # runpy with alter_sys puts the module's file in sys.argv[0] and runs it as __main__, as -m does.
+    code = (f"import os, runpy, sys\nsys.argv[1:] = {args!r}\nsys.path[0] = os.getcwd()\n"
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n")
+    with tempfile.TemporaryDirectory(prefix="govinda-child-") as out_dir:
+        done = warm.run(code, env, cwd, timeout, Path(out_dir))
+    return subprocess.CompletedProcess(command, done.returncode, done.stdout, done.stderr)
