@@ -18,7 +18,7 @@ import pytest
 
 from bench.kv_log import read_kv_cache_facts
 from govinda_patch import capacity, model_weights
-from overlay_testing import REPO, VLLM_VERSION, child_env, logged_shape_key, run_module, vllm_is
+from overlay_testing import REPO, VLLM_VERSION, child_env, logged_shape_key, run_module, vllm_is, warm_python
 
 QWEN35 = REPO / "tests" / "models" / "qwen3_5-27b-shape"
 LLAMA8B = REPO / "scripts" / "h200" / "models" / "llama8b-shape"
@@ -87,7 +87,9 @@ def llama8b(dcu, tmp_path_factory) -> tuple[list, dict]:
     """The dense shape through the command line (JSON output), at the KV memory of its H200 logs."""
     runs = logged_runs(LLAMA8B)
     (memory,) = {r["available_gib"] for r in runs}
-    command = [sys.executable, "-m", "govinda_patch", "capacity", str(LLAMA8B), "--kv-cache-memory-gib", str(memory),
+    # Through the warm interpreter's launcher, which also serves the two probes the command starts.
+    python = warm_python(dcu) or sys.executable
+    command = [python, "-m", "govinda_patch", "capacity", str(LLAMA8B), "--kv-cache-memory-gib", str(memory),
                "--request-len", "8448", "--json"]
     done = subprocess.run(command, env=dcu, capture_output=True, text=True, timeout=900, cwd=str(REPO))
     assert done.returncode == 0, done.stderr[-3000:]
