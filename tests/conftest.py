@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from overlay_testing import child_env, run_child
+from overlay_testing import child_env, run_child, warm_python
 
 TESTS = Path(__file__).resolve().parent
 
@@ -201,3 +201,29 @@ def overlay_env(cache_dir) -> dict:
 def child(request):
     """``run_child``; a fresh interpreter for the cases in FRESH_CHILD_CASES."""
     return functools.partial(run_child, fresh=_case(request.node) in FRESH_CHILD_CASES)
+
+
+@pytest.fixture
+def warm_bench_clients(monkeypatch):
+    """``vllm bench serve`` clients of bench/serve_tiers.py (a process per run, or the session's one)
+    start through the warm interpreter's launcher instead of this interpreter: each still imports
+    the installed vLLM's CLI itself, but not torch and transformers again (~8 s a client)."""
+    from bench import serve_tiers
+
+    launcher = warm_python(serve_tiers.client_env())
+    if launcher is None:
+        return
+    command, new_session = serve_tiers.bench_serve_command, serve_tiers.new_session
+
+    def warm_command(*args, **kwargs):
+        words = command(*args, **kwargs)
+        return [launcher if words[0] == sys.executable else words[0]] + words[1:]
+
+    def warm_session(*args, **kwargs):
+        session = new_session(*args, **kwargs)
+        if session.command[0] == sys.executable:
+            session.command[0] = launcher
+        return session
+
+    monkeypatch.setattr(serve_tiers, "bench_serve_command", warm_command)
+    monkeypatch.setattr(serve_tiers, "new_session", warm_session)

@@ -82,14 +82,23 @@ _warm: dict[frozenset, WarmInterpreter | None] = {}
 MAX_WARM_INTERPRETERS = 3
 
 
+# What vLLM's import sets in the environment (from the first server): once a case has imported vLLM
+# here, every child's environment carries it, which must not call for servers of its own.
+_import_environ: dict = {}
+
+
 def _warm_for(env: dict) -> WarmInterpreter | None:
-    key = frozenset(server_environment(env).items())
+    key = frozenset(server_environment(env, _import_environ).items())
     if key not in _warm:
         if len(_warm) >= MAX_WARM_INTERPRETERS:
             return None
         try:
-            _warm[key] = WarmInterpreter(env)
-            atexit.register(_warm[key].close)
+            warm = WarmInterpreter(env)
+            atexit.register(warm.close)
+            if not _import_environ:
+                _import_environ.update(warm.import_environ)
+                key = frozenset(server_environment(env, _import_environ).items())
+            _warm[key] = warm
         except (OSError, RuntimeError, TimeoutError) as error:
             sys.stderr.write(f"overlay_testing: warm interpreter unavailable, children start fresh: {error}\n")
             _warm[key] = None
@@ -119,3 +128,29 @@ def run_child(code: str, env: dict, timeout: float = 300, cwd: Path | None = Non
         timeout=timeout,
     )
     return ChildResult(completed)
+
+
+def warm_python(env: dict) -> str | None:
+    """An executable that runs like this interpreter for programs started by code under test (a
+    benchmark's clients, a script's steps), forked from the warm interpreter that serves ``env``
+    (tests/warm_interpreter.py, ``LAUNCHER``); None where there is none (then use sys.executable)."""
+    if os.environ.get("GOVINDA_TEST_FRESH_CHILDREN", "") == "1":
+        return None
+    warm = _warm_for(env)
+    return warm.launcher if warm is not None else None
+
+
+def run_module(module: str, args, env: dict, timeout: float = 300, cwd: Path | None = None,
+               fresh: bool = False) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` with captured text output, like ``subprocess.run(..., capture_output=True,
+    text=True)``: forked from the warm interpreter as ``run_child``'s children are, or that command
+    line itself when ``fresh`` (or an ``env`` the warm interpreters do not serve)."""
+    args = [str(a) for a in args]
+    command = [sys.executable, "-m", module, *args]
+    cwd = Path(cwd or REPO / "tests")
+    warm = None if fresh or os.environ.get("GOVINDA_TEST_FRESH_CHILDREN", "") == "1" else _warm_for(env)
+    if warm is None:
+        return subprocess.run(command, env=env, cwd=str(cwd), capture_output=True, text=True, timeout=timeout)
+    with tempfile.TemporaryDirectory(prefix="govinda-child-") as out_dir:
+        done = warm.run("", env, cwd, timeout, Path(out_dir), argv=command[1:])
+    return subprocess.CompletedProcess(command, done.returncode, done.stdout, done.stderr)

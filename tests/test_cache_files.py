@@ -22,7 +22,7 @@ import pytest
 
 from govinda_patch.int8 import cache_files, child as child_runner, counters, selftest
 from govinda_patch.settings import Settings
-from overlay_testing import REPO
+from overlay_testing import REPO, run_child, run_module
 
 PASS = {"ok": True, "device": "test-device", "summary": {}}
 # Contents no verdict may be taken from: wrong types, broken or pathological JSON, binary junk.
@@ -297,7 +297,8 @@ def test_doctor_on_a_fifo_verdict_and_lock_finishes_and_names_them(dcu_env, tmp_
     # The doctor process has no device context: its verdict is the default device's.
     os.mkfifo(directory / _default_verdict_name(env))
     started = time.monotonic()
-    done = _cli(["doctor"], env)
+    # Forked from the warm interpreter: the doctor imports vLLM.
+    done = run_module("govinda_patch", ["doctor"], env, timeout=240, cwd=REPO / "tests")
     assert "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
     line = next(l for l in done.stdout.splitlines() if "self-test for group int8_kv" in l)
     assert "FAILED" in line and "no GPU" in line and ".lock" in line and "FIFO" in line, line
@@ -308,6 +309,6 @@ def _default_verdict_name(env) -> str:
     code = ("from govinda_patch.int8.device_cache import device_key\n"
             "from govinda_patch.int8.fingerprint import machine_key\n"
             "print(machine_key(device_key(None)) + '.json')")
-    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO / "tests", capture_output=True, text=True, timeout=60)
+    done = run_child(code, env, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()

@@ -18,7 +18,7 @@ import pytest
 
 from bench.kv_log import read_kv_cache_facts
 from govinda_patch import capacity, model_weights
-from overlay_testing import REPO, VLLM_VERSION, child_env, logged_shape_key, vllm_is
+from overlay_testing import REPO, VLLM_VERSION, child_env, logged_shape_key, run_module, vllm_is, warm_python
 
 QWEN35 = REPO / "tests" / "models" / "qwen3_5-27b-shape"
 LLAMA8B = REPO / "scripts" / "h200" / "models" / "llama8b-shape"
@@ -55,7 +55,26 @@ def dcu(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="module")
-def qwen35(dcu) -> tuple[dict, dict]:
+def warm_probes():
+    """The probes that govinda_patch.capacity and int8.launch_shape start (``python -m MODULE ARG``)
+    run forked from the warm interpreter, as run_child's children do: each still starts like a new
+    interpreter and imports the installed vLLM itself, without importing torch and transformers again."""
+
+    def run(command, env=None, cwd=None, timeout=None, **_):
+        assert command[:2] == [sys.executable, "-m"], command
+        return run_module(command[2], command[3:], env, timeout=timeout, cwd=Path(cwd) if cwd else Path.cwd())
+
+    from govinda_patch.int8 import launch_shape
+
+    probes = SimpleNamespace(run=run, DEVNULL=subprocess.DEVNULL, TimeoutExpired=subprocess.TimeoutExpired)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(capacity, "subprocess", probes)
+        patch.setattr(launch_shape, "subprocess", probes)
+        yield
+
+
+@pytest.fixture(scope="module")
+def qwen35(dcu, warm_probes) -> tuple[dict, dict]:
     runs = logged_runs(QWEN35)
     request = {"model": str(QWEN35), "max_model_len": 32768, "gpu_memory_utilization": 0.9, "language_model_only": True,
                "gpu_mem_gib": 64, "overhead_gib": 4.76, "weights_gib": None, "request_lens": [8448, 16640],
@@ -68,7 +87,9 @@ def llama8b(dcu, tmp_path_factory) -> tuple[list, dict]:
     """The dense shape through the command line (JSON output), at the KV memory of its H200 logs."""
     runs = logged_runs(LLAMA8B)
     (memory,) = {r["available_gib"] for r in runs}
-    command = [sys.executable, "-m", "govinda_patch", "capacity", str(LLAMA8B), "--kv-cache-memory-gib", str(memory),
+    # Through the warm interpreter's launcher, which also serves the two probes the command starts.
+    python = warm_python(dcu) or sys.executable
+    command = [python, "-m", "govinda_patch", "capacity", str(LLAMA8B), "--kv-cache-memory-gib", str(memory),
                "--request-len", "8448", "--json"]
     done = subprocess.run(command, env=dcu, capture_output=True, text=True, timeout=900, cwd=str(REPO))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -210,7 +231,7 @@ def test_weight_count_refuses_what_it_does_not_cover():
         counted["parameters"]
 
 
-def test_the_launch_shape_is_the_tuner_key_the_h200_logged(dcu):
+def test_the_launch_shape_is_the_tuner_key_the_h200_logged(dcu, warm_probes):
     """What the background tuning reads from a `vllm serve` command line (govinda_patch/int8/
     launch_shape.py, vLLM's own parser and config with the overlay on) is the key the dense shape's
     H200 servers logged; arguments vLLM's parser refuses leave the tuning to the engine. The

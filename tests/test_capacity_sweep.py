@@ -214,7 +214,7 @@ def _capacity_sides(tmp_path: Path) -> str:
     return str(path)
 
 
-def test_capacity_sweep_end_to_end_and_split_over_calls(tmp_path):
+def test_capacity_sweep_end_to_end_and_split_over_calls(tmp_path, warm_bench_clients):
     sides = _capacity_sides(tmp_path)
     common = ["--sides", sides, "--work-dir", str(tmp_path / "work")]
     assert ab.main(common + ["--port", str(free_port()), "--report-dir", str(tmp_path / "whole")]) == 0

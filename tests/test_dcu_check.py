@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from overlay_testing import REPO
+from overlay_testing import REPO, warm_python
 
 CHECK = REPO / "scripts" / "dcu" / "check.sh"
 MODEL = REPO / "tests" / "models" / "qwen3_5-27b-shape"
@@ -31,8 +31,10 @@ def test_bad_arguments_are_refused(args, base_env, tmp_path):
 
 
 def test_simulated_dcu_runs_up_to_the_gpu_steps(dcu_env, tmp_path):
-    env = dict(dcu_env, PYTHON=sys.executable)
+    env = dict(dcu_env)
     env.pop("TRITON_INTERPRET", None)
+    # The script's Python steps start through the warm interpreter's launcher (each imports vLLM).
+    env["PYTHON"] = warm_python(env) or sys.executable
     # No --block-size: vLLM's own configuration aligns the hybrid model's pages (1552 tokens).
     done = run_check([str(MODEL), "--out", str(tmp_path)], env)
     steps = {line.split("\t")[0]: line.split("\t") for line in (tmp_path / "steps.tsv").read_text().splitlines()}

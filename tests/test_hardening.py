@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from overlay_testing import REPO
+from overlay_testing import REPO, run_module
 
 STOCK_PROBE = """
 from vllm.platforms import current_platform  # resolve the platform first, as vLLM does
@@ -68,8 +68,8 @@ def _table(tmp_path: Path, text: str) -> Path:
 
 
 def _cli(args, env, timeout=120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "govinda_patch", *args], cwd=REPO / "tests", env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    """``python -m govinda_patch ARGS`` (forked from the warm interpreter: the doctor imports vLLM)."""
+    return run_module("govinda_patch", args, env, timeout=timeout, cwd=REPO / "tests")
 
 
 # ----------------------------------------------------------------------------- 1. cache directory

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
+from overlay_testing import run_module
+
 REPO = Path(__file__).resolve().parent.parent
 KERNEL_FILES = [
     REPO / "kernels" / name
@@ -40,14 +42,8 @@ def _vllm_loaded(payload: dict) -> bool:
 
 
 def _run_script(module: str, out: Path, env: dict, *extra: str) -> dict:
-    completed = subprocess.run(
-        [sys.executable, "-m", f"bench.{module}", "--smoke", "--out", str(out), *extra],
-        env=env,
-        cwd=str(REPO),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    # Forked from the warm interpreter (tests/overlay_testing.run_module): each script imports vLLM.
+    completed = run_module(f"bench.{module}", ["--smoke", "--out", str(out), *extra], env, timeout=600, cwd=REPO)
     assert completed.returncode == 0, f"{module} failed\n{completed.stdout[-4000:]}\n{completed.stderr[-4000:]}"
     return json.loads(out.read_text())
 

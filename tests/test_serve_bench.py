@@ -110,7 +110,7 @@ def shared_heads(prompt_heads, chars: int = 32) -> int:
 # ----------------------------------------------------------------------------- serve_tiers
 
 
-def test_serve_tiers_runs_vllm_bench_serve(fake_server_factory, tmp_path):
+def test_serve_tiers_runs_vllm_bench_serve(fake_server_factory, tmp_path, warm_bench_clients):
     """The installed vLLM's own client against the fake: what it sends, and what we keep."""
     ttft_s, token_delay_s, output_len = 0.08, 0.02, 5
     request_log = tmp_path / "requests.jsonl"
@@ -349,7 +349,7 @@ def _sides_file(tmp_path: Path, data) -> str:
     return str(path)
 
 
-def test_ab_two_sides_caches_log_counts_sla_and_report(tmp_path):
+def test_ab_two_sides_caches_log_counts_sla_and_report(tmp_path, warm_bench_clients):
     launcher = _launcher(tmp_path, "serve.sh",
                          f'exec "{PYTHON}" "{FAKE_SERVER}" --token-delay 0.002 --tokenizer "{TOKENIZER}" "$@"\n')
     logs = {name: tmp_path / f"{name}.requests.jsonl" for name in ("baseline", "govinda")}
@@ -441,7 +441,7 @@ def test_ab_two_sides_caches_log_counts_sla_and_report(tmp_path):
     assert md_path.read_text() == md
 
 
-def test_ab_refuses_side_whose_server_env_differs(tmp_path):
+def test_ab_refuses_side_whose_server_env_differs(tmp_path, warm_bench_clients):
     # The launcher does not exec, and its child gets a variable only the other side may set:
     # the runner must look at the child's /proc environ and refuse the first side.
     launcher = _launcher(

@@ -14,6 +14,12 @@ transformers and Triton may have read at import is the same); ``run_child`` keep
 such environment and starts a fresh interpreter for cases that look at what start-up imports
 (``FRESH_CHILD_CASES`` in tests/conftest.py: torch and transformers are already loaded here) and
 for everything when ``GOVINDA_TEST_FRESH_CHILDREN=1``.
+
+Programs that code under test starts itself (a benchmark's ``vllm bench serve`` clients, the steps
+of scripts/dcu/check.sh) reach a server through its launcher (``LAUNCHER``, ``WarmInterpreter.launcher``),
+an executable that runs like ``python``: the server forks the program with the launcher's
+environment, working directory and standard streams, and what the program starts as
+``sys.executable`` goes through the launcher too.
 """
 
 from __future__ import annotations
@@ -25,9 +31,17 @@ import importlib.machinery
 import json
 import os
 import queue
+import runpy
+import select
+import shlex
+import shutil
+import signal
 import site
+import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -44,7 +58,13 @@ PRELOAD = ("torch", "transformers", "transformers.models.auto.configuration_auto
 # part of the server's key: transformers
 # imports Triton, whose ``triton.jit`` reads TRITON_INTERPRET when a function is decorated.
 PER_CHILD_PREFIXES = ("GOVINDA_", "VLLM_")
-PER_CHILD = {"PYTHONPATH", "CUDA_VISIBLE_DEVICES", "PYTEST_CURRENT_TEST"}
+PER_CHILD = {"PYTHONPATH", "CUDA_VISIBLE_DEVICES", "PYTEST_CURRENT_TEST",
+             # what a shell sets for every command it runs, and the interpreter a script is told to use
+             # (scripts/dcu/check.sh: $PYTHON, which may be this server's launcher)
+             "PWD", "OLDPWD", "SHLVL", "_", "PYTHON",
+             # read when inductor first needs its cache, which then sets it (a process that has imported
+             # vLLM here carries it)
+             "TORCHINDUCTOR_CACHE_DIR"}
 # Modules the server must not hold: ours, and vLLM (the overlay hooks its import).
 NOT_PRELOADED = ("vllm", "govinda_patch", "sitecustomize", "bench", "amdsmi")
 # Stock vLLM modules a probe child imports (no overlay on its path) to learn which other modules
@@ -61,9 +81,13 @@ def _is_per_child(name: str) -> bool:
     return name in PER_CHILD or name.startswith(PER_CHILD_PREFIXES)
 
 
-def server_environment(environ: dict) -> dict:
-    """What the server runs with: ``environ`` minus every per-child variable."""
-    return {k: v for k, v in environ.items() if not _is_per_child(k)}
+def server_environment(environ: dict, import_environ: dict | None = None) -> dict:
+    """What the server runs with: ``environ`` minus every per-child variable. Given what vLLM's
+    import sets (``import_environ``, a server's ``import_environ``), also minus those variables
+    where they have that value: the server imported vLLM's dependencies with them in force, and a
+    process that has imported vLLM (this one, after an in-process case) passes them on."""
+    import_environ = import_environ or {}
+    return {k: v for k, v in environ.items() if not _is_per_child(k) and import_environ.get(k, None) != v}
 
 
 class WarmInterpreter:
@@ -71,9 +95,12 @@ class WarmInterpreter:
 
     def __init__(self, environ: dict):
         self.environ = server_environment(environ)
+        self._dir = tempfile.mkdtemp(prefix="govinda-warm-")
+        self.socket_path = os.path.join(self._dir, "socket")
+        self.launcher = os.path.join(self._dir, "python")
         self.process = subprocess.Popen(
             [sys.executable, "-u", "-c", f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-             "import warm_interpreter; sys.path.pop(0); warm_interpreter.serve()"],
+             f"import warm_interpreter; sys.path.pop(0); warm_interpreter.serve({self.socket_path!r})"],
             env=self.environ, cwd=str(REPO / "tests"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             bufsize=1)
         self._lock = threading.Lock()
@@ -82,6 +109,14 @@ class WarmInterpreter:
         ready = self._reply(timeout=600)
         if ready.get("ready") is not True:
             raise RuntimeError(f"warm interpreter did not start: {ready}")
+        self.import_environ = ready.get("import_environ", {})
+        # A shell script, not a "#!python" line: those are limited in length and take one option.
+        code = os.path.join(self._dir, "launcher.py")
+        with open(code, "w") as launcher:
+            launcher.write(LAUNCHER.format(python=sys.executable, socket=self.socket_path))
+        with open(self.launcher, "w") as launcher:
+            launcher.write(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I -S {shlex.quote(code)} \"$@\"\n")
+        os.chmod(self.launcher, 0o755)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -100,10 +135,13 @@ class WarmInterpreter:
             raise RuntimeError(f"warm interpreter exited (rc={self.process.wait()})")
         return reply
 
-    def run(self, code: str, env: dict, cwd: Path, timeout: float, out_dir: Path) -> subprocess.CompletedProcess:
-        """Like ``subprocess.run([sys.executable, "-c", code], ...)`` with captured text output."""
+    def run(self, code: str, env: dict, cwd: Path, timeout: float, out_dir: Path,
+            argv: list | None = None) -> subprocess.CompletedProcess:
+        """Like ``subprocess.run([sys.executable, "-c", code], ...)`` with captured text output
+        (``argv``: ``subprocess.run([sys.executable, *argv], ...)`` instead)."""
         stdout, stderr = out_dir / "stdout", out_dir / "stderr"
-        request = {"code": code, "env": env, "cwd": str(cwd), "stdout": str(stdout), "stderr": str(stderr)}
+        request = {"argv": argv or ["-c", code], "env": env, "cwd": str(cwd), "stdout": str(stdout),
+                   "stderr": str(stderr)}
         with self._lock:
             self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()
@@ -125,11 +163,49 @@ class WarmInterpreter:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+# An executable that runs like ``python`` for programs this process does not start itself (a
+# benchmark's client, a shell script's steps): ``-m MODULE``, ``-c CODE`` or ``SCRIPT``, then the
+# program's arguments. It hands its environment, working directory and standard streams to the
+# server, which forks the program as it forks run_child's children; its exit status (or signal)
+# is the program's. Signals it gets go to the program, which is killed if the launcher dies.
+# Other options, an environment the server does not serve, or no server: the real interpreter.
+LAUNCHER = """import json, os, signal, socket, struct, sys
+PYTHON, SOCKET = {python!r}, {socket!r}
+argv = sys.argv[1:]
+if not argv or argv[0].startswith("-") and (argv[0] not in ("-m", "-c") or len(argv) < 2):
+    os.execv(PYTHON, [PYTHON] + argv)
+try:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.connect(SOCKET)
+    request = json.dumps({{"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}}).encode()
+    socket.send_fds(server, [struct.pack("!I", len(request)) + request], [0, 1, 2])
+    replies = server.makefile("r")
+    first = json.loads(replies.readline() or "{{}}")
+except OSError:
+    first = {{}}
+if "pid" not in first:
+    os.execv(PYTHON, [PYTHON] + argv)
+for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(number, lambda number, frame: os.kill(first["pid"], number))
+last = json.loads(replies.readline() or '{{"returncode": -9}}')
+code = last["returncode"]
+if code < 0:
+    signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code)
+"""
 
 
 # ------------------------------------------------------------------------------------ server side
-def serve() -> None:
-    """The server's loop; returns only in a forked child, which then runs its request's code."""
+def serve(socket_path: str) -> None:
+    """The server's loop; returns only in a forked child, which then runs its request's code.
+
+    Requests come on stdin from the pytest process (one at a time) and on ``socket_path`` from
+    launchers (``LAUNCHER``), whose programs run side by side with it."""
+    own = dict(os.environ)  # before an import can change it
     base_path = [entry for entry in sys.path if entry != ""]
     # Preloaded where a default child starts (tests/, the repository next on the path): transformers
     # looks for optional packages by name (``kernels`` finds our kernels/ directory) and keeps the answer.
@@ -140,7 +216,8 @@ def serve() -> None:
         except ImportError:
             pass
     sys.path.remove(str(REPO))
-    _preload_what_vllm_imports()
+    import_environ = _preload_what_vllm_imports()
+    own = server_environment(own, import_environ)
     # What the preloads picked up from the checkout (transformers imports our ``kernels``
     # namespace to see it is not the HF package) is imported again by each child, on its own path.
     for name in [n for n, m in list(sys.modules.items()) if _from_checkout(m)]:
@@ -148,24 +225,113 @@ def serve() -> None:
     held = [m for m in sys.modules if m.split(".")[0] in NOT_PRELOADED]
     if held:
         raise RuntimeError(f"the warm interpreter must not import {held}")
-    protocol_in, protocol_out = sys.stdin, sys.stdout
+    protocol_out = sys.stdout
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(socket_path)
+    listener.listen(16)
     # What is loaded now stays untouched by the collector, so forked children share its pages.
     gc.collect()
     gc.freeze()
-    print(json.dumps({"ready": True}), file=protocol_out, flush=True)
-    for line in protocol_in:
-        request = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            _become_the_child(request, base_path)
-            return  # back in ``-c``: the child's code ran; the interpreter shuts down normally
-        print(json.dumps({"pid": pid}), file=protocol_out, flush=True)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), file=protocol_out, flush=True)
+    print(json.dumps({"ready": True, "import_environ": import_environ}), file=protocol_out, flush=True)
+    pending = b""
+    pipe_child = None  # the pid of the pytest process's request
+    launched = {}  # pid -> its launcher's connection (None once the launcher is gone)
+    while True:
+        waiting = [0, listener] + [c for c in launched.values() if c is not None]
+        # Children are reaped by polling: a short wait while any runs.
+        readable = select.select(waiting, [], [], 0.02 if pipe_child or launched else None)[0]
+        if 0 in readable:
+            data = os.read(0, 1 << 16)
+            if not data:  # the pytest process is done
+                break
+            pending += data
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                pid = os.fork()
+                if pid == 0:
+                    _leave_the_server(listener, launched)
+                    _become_the_child(json.loads(line), base_path)
+                    return  # back in ``-c``: the child's code ran; the interpreter shuts down normally
+                print(json.dumps({"pid": pid}), file=protocol_out, flush=True)
+                pipe_child = pid
+        if listener in readable:
+            connection = listener.accept()[0]
+            request, fds = _receive_launch(connection)
+            if request is None or server_environment(request["env"], import_environ) != own:
+                _answer(connection, {"fresh": True})
+                connection.close()
+            else:
+                pid = os.fork()
+                if pid == 0:
+                    _leave_the_server(listener, launched)
+                    connection.close()
+                    # What it starts as ``sys.executable`` (a probe, a self-test) comes here too.
+                    sys.executable = os.path.join(os.path.dirname(socket_path), "python")
+                    _become_the_launched(request, fds, base_path)
+                    return
+                _answer(connection, {"pid": pid})
+                launched[pid] = connection
+            for fd in fds:
+                os.close(fd)
+        for pid, connection in list(launched.items()):
+            if connection is not None and connection in readable:  # its launcher is gone
+                connection.close()
+                launched[pid] = None
+                os.kill(pid, signal.SIGKILL)
+        while pipe_child or launched:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            code = os.waitstatus_to_exitcode(status)
+            if pid == pipe_child:
+                print(json.dumps({"returncode": code}), file=protocol_out, flush=True)
+                pipe_child = None
+            elif launched.get(pid) is not None:
+                _answer(launched[pid], {"returncode": code})
+                launched[pid].close()
+            launched.pop(pid, None)
+    for pid in launched:
+        os.kill(pid, signal.SIGKILL)
 
 
-def _preload_what_vllm_imports() -> None:
-    """Import what stock vLLM imports, vLLM itself left out.
+def _answer(connection, reply: dict) -> None:
+    try:
+        connection.sendall((json.dumps(reply) + "\n").encode())
+    except OSError:
+        pass
+
+
+def _receive_launch(connection):
+    """A launcher's request and its three standard streams' descriptors; (None, fds) if garbled."""
+    connection.settimeout(30)
+    fds = []
+    try:
+        data, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
+        while len(data) < 4 or len(data) < 4 + struct.unpack("!I", data[:4])[0]:
+            more = connection.recv(1 << 16)
+            if not more:
+                return None, fds
+            data += more
+        request = json.loads(data[4:4 + struct.unpack("!I", data[:4])[0]])
+    except (OSError, ValueError):
+        return None, fds
+    connection.settimeout(None)
+    return (request, fds) if len(fds) == 3 else (None, fds)
+
+
+def _leave_the_server(listener, launched: dict) -> None:
+    """In a forked child: drop the server's socket and its launchers' connections."""
+    listener.close()
+    for connection in launched.values():
+        if connection is not None:
+            connection.close()
+
+
+def _preload_what_vllm_imports() -> dict:
+    """Import what stock vLLM imports, vLLM itself left out; returns the variables its import sets.
 
     A forked probe imports ``PROBED_VLLM_MODULES`` and reports the modules that came with them
     and the environment variables vLLM's import set (some libraries read those when imported).
@@ -202,7 +368,7 @@ def _preload_what_vllm_imports() -> None:
         text = reply.read()
     _, status = os.waitpid(pid, 0)
     if os.waitstatus_to_exitcode(status) != 0 or not text:
-        return
+        return {}
     probe = json.loads(text)
     saved = dict(os.environ)
     os.environ.update(probe["environ"])
@@ -222,6 +388,7 @@ def _preload_what_vllm_imports() -> None:
         os.close(protocol)
         os.environ.clear()
         os.environ.update(saved)
+    return probe["environ"]
 
 
 def _from_checkout(module) -> bool:
@@ -240,29 +407,51 @@ def _become_the_child(request: dict, base_path: list) -> None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    sys.stdin = sys.__stdin__ = open(0, closefd=False)  # not the server's read-ahead of requests
+    sys.stdin = sys.__stdin__ = open(0, closefd=False)  # not the server's pipe of requests
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(target, fd)
         os.close(target)
+    _run_program(request["argv"], request["env"], request["cwd"], base_path)
+
+
+def _become_the_launched(request: dict, fds: list, base_path: list) -> None:
+    for fd, stream in zip(fds, (0, 1, 2)):
+        os.dup2(fd, stream)
+        os.close(fd)
+    sys.stdin = sys.__stdin__ = open(0, closefd=False)
+    _run_program(request["argv"], request["env"], request["cwd"], base_path)
+
+
+def _run_program(argv: list, env: dict, cwd: str, base_path: list) -> None:
+    """``python ARGV`` from here on: ``-c CODE``, ``-m MODULE`` or ``SCRIPT``, then its arguments."""
     os.environ.clear()
-    os.environ.update(request["env"])
-    os.chdir(request["cwd"])
-    # sys.path as ``-c`` builds it: '' first, then PYTHONPATH, then the interpreter's own entries.
-    python_path = [entry for entry in request["env"].get("PYTHONPATH", "").split(os.pathsep) if entry]
-    sys.path[:] = [""] + python_path + base_path
+    os.environ.update(env)
+    os.chdir(cwd)
+    # sys.path as the interpreter builds it: '' (-c), the working directory (-m) or the script's
+    # directory first, then PYTHONPATH, then the interpreter's own entries.
+    first = {"-c": "", "-m": os.getcwd()}.get(argv[0]) if argv[0] in ("-c", "-m") else \
+        os.path.dirname(os.path.realpath(argv[0]))
+    python_path = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    sys.path[:] = [first] + python_path + base_path
     sys.path_importer_cache.clear()
     importlib.invalidate_caches()
-    sys.argv = ["-c"]
+    sys.argv = [argv[0]] + argv[2:] if argv[0] in ("-c", "-m") else list(argv)
     _reseed()
     sys.modules.pop("sitecustomize", None)
     site.execsitecustomize()
+    if argv[0] == "-m":  # runpy puts the module's file in sys.argv[0] and runs it as __main__
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        return
+    if argv[0] != "-c":
+        runpy.run_path(argv[0], run_name="__main__")
+        return
     main = sys.modules["__main__"]
     namespace = vars(main)
     namespace.clear()
     namespace.update({"__name__": "__main__", "__doc__": None, "__package__": None, "__spec__": None,
                       "__loader__": importlib.machinery.BuiltinImporter, "__builtins__": builtins})
-    exec(compile(request["code"], "<string>", "exec"), namespace)
+    exec(compile(argv[1], "<string>", "exec"), namespace)
 
 
 def _reseed() -> None:
