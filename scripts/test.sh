@@ -26,7 +26,7 @@
 # env-doc: GOVINDA_VENV_ROOT | directory | <repo>/.venvs | Where the per-vLLM-line test environments live (CI points it at a cache keyed by the lock files).
 # env-doc: GOVINDA_TEST_LINES | space-separated vLLM versions | 0.18.1 0.26.0 0.33.0 | Which supported vLLM lines to test.
 # env-doc: GOVINDA_TEST_JOBS | integer >= 1 | number of CPUs | How many pytest runs scripts/test.sh runs side by side (environment builds run beside them); 1 runs everything one at a time with live output.
-# env-doc: GOVINDA_TEST_FRESH_CHILDREN | 0, 1 | 0 | 1: every child of tests/overlay_testing.run_child is a new interpreter instead of a fork of the session's warm one (tests/warm_interpreter.py).
+# env-doc: GOVINDA_TEST_FRESH_CHILDREN | 0, 1 | 0 | 1: every child of tests/overlay_testing.run_child and run_module, and every program started through the warm launcher, is a new interpreter instead of a fork of the session's warm one (tests/warm_interpreter.py).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
