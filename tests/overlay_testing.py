@@ -106,19 +106,23 @@ def _warm_for(env: dict) -> WarmInterpreter | None:
     return warm if warm is not None and warm.alive() else None
 
 
-def run_child(code: str, env: dict, timeout: float = 300, cwd: Path | None = None, fresh: bool = False) -> ChildResult:
+def run_child(code: str, env: dict, timeout: float = 300, cwd: Path | None = None, fresh: bool = False,
+              warm_executable: bool = False) -> ChildResult:
     """Run ``code`` as ``python -c`` does; it reports with ``report(obj)`` (JSON on stdout).
 
     The child is forked from this session's warm interpreter (tests/warm_interpreter.py: torch and
     transformers already imported) when ``env`` allows it; ``fresh`` (or an ``env`` it does not
-    serve) starts a new interpreter instead."""
+    serve) starts a new interpreter instead. ``warm_executable``: a forked child's ``sys.executable``
+    is the warm launcher, so what it starts as ``python -m ...`` (the overlay's self-test child) is
+    forked too; only for cases whose nested interpreters take no descriptors beyond stdin, stdout
+    and stderr (the launcher passes just those; a held lock's descriptor stays with the launcher)."""
     prelude = f"import json as _json\ndef report(obj):\n    print({RESULT_MARK!r} + _json.dumps(obj), flush=True)\n"
     code = prelude + textwrap.dedent(code)
     cwd = cwd or REPO / "tests"
     warm = None if fresh or os.environ.get("GOVINDA_TEST_FRESH_CHILDREN", "") == "1" else _warm_for(env)
     if warm is not None:
         with tempfile.TemporaryDirectory(prefix="govinda-child-") as out_dir:
-            return ChildResult(warm.run(code, env, cwd, timeout, Path(out_dir)))
+            return ChildResult(warm.run(code, env, cwd, timeout, Path(out_dir), warm_executable=warm_executable))
     completed = subprocess.run(
         [sys.executable, "-c", code],
         env=env,
@@ -141,10 +145,11 @@ def warm_python(env: dict) -> str | None:
 
 
 def run_module(module: str, args, env: dict, timeout: float = 300, cwd: Path | None = None,
-               fresh: bool = False) -> subprocess.CompletedProcess:
+               fresh: bool = False, warm_executable: bool = False) -> subprocess.CompletedProcess:
     """``python -m MODULE ARGS`` with captured text output, like ``subprocess.run(..., capture_output=True,
     text=True)``: forked from the warm interpreter as ``run_child``'s children are, or that command
-    line itself when ``fresh`` (or an ``env`` the warm interpreters do not serve)."""
+    line itself when ``fresh`` (or an ``env`` the warm interpreters do not serve); ``warm_executable``
+    as for ``run_child``."""
     args = [str(a) for a in args]
     command = [sys.executable, "-m", module, *args]
     cwd = Path(cwd or REPO / "tests")
@@ -152,5 +157,5 @@ def run_module(module: str, args, env: dict, timeout: float = 300, cwd: Path | N
     if warm is None:
         return subprocess.run(command, env=env, cwd=str(cwd), capture_output=True, text=True, timeout=timeout)
     with tempfile.TemporaryDirectory(prefix="govinda-child-") as out_dir:
-        done = warm.run("", env, cwd, timeout, Path(out_dir), argv=command[1:])
+        done = warm.run("", env, cwd, timeout, Path(out_dir), argv=command[1:], warm_executable=warm_executable)
     return subprocess.CompletedProcess(command, done.returncode, done.stdout, done.stderr)

@@ -298,7 +298,8 @@ def test_doctor_on_a_fifo_verdict_and_lock_finishes_and_names_them(dcu_env, tmp_
     os.mkfifo(directory / _default_verdict_name(env))
     started = time.monotonic()
     # Forked from the warm interpreter: the doctor imports vLLM.
-    done = run_module("govinda_patch", ["doctor"], env, timeout=240, cwd=REPO / "tests")
+    # Its self-test child (``sys.executable -m govinda_patch``) is forked from it as well.
+    done = run_module("govinda_patch", ["doctor"], env, timeout=240, cwd=REPO / "tests", warm_executable=True)
     assert "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
     line = next(l for l in done.stdout.splitlines() if "self-test for group int8_kv" in l)
     assert "FAILED" in line and "no GPU" in line and ".lock" in line and "FIFO" in line, line

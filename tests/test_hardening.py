@@ -7,6 +7,7 @@ overlay logs exactly one clear line, and GOVINDA_STRICT=1 raises instead.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -67,9 +68,9 @@ def _table(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def _cli(args, env, timeout=120) -> subprocess.CompletedProcess:
+def _cli(args, env, timeout=120, warm_executable=False) -> subprocess.CompletedProcess:
     """``python -m govinda_patch ARGS`` (forked from the warm interpreter: the doctor imports vLLM)."""
-    return run_module("govinda_patch", args, env, timeout=timeout, cwd=REPO / "tests")
+    return run_module("govinda_patch", args, env, timeout=timeout, cwd=REPO / "tests", warm_executable=warm_executable)
 
 
 # ----------------------------------------------------------------------------- 1. cache directory
@@ -80,12 +81,15 @@ def test_unwritable_cache_dir_degrades_to_an_uncached_selftest(child, dcu_env, t
     # must go back to stock with one line that also names the unusable cache directory.
     env = dict(dcu_env, GOVINDA_SELFTEST="auto", GOVINDA_CACHE_DIR=str(blocker / "cache"))
     env.pop("TRITON_INTERPRET", None)
+    # Each of the three runs below starts the self-test child (``sys.executable -m govinda_patch``):
+    # forked from the warm interpreter too, it skips importing torch again.
+    child = functools.partial(child, warm_executable=True)
     result = child(STOCK_PROBE, env)
     _assert_stock(result)
     _assert_one_line(result, " ERROR ", "kernel self-test failed", "no GPU", "not cached", "NotADirectoryError")
     _assert_strict_raises(child, env, "NotADirectoryError")
 
-    doctor = _cli(["doctor"], env, timeout=300)
+    doctor = _cli(["doctor"], env, timeout=300, warm_executable=True)
     assert "Traceback" not in doctor.stderr + doctor.stdout, doctor.stderr
     assert "self-test for group int8_kv: FAILED" in doctor.stdout and "NotADirectoryError" in doctor.stdout
     assert doctor.returncode == 1

@@ -407,7 +407,9 @@ def test_a_server_launch_tests_the_kernels_in_the_background_before_the_worker_s
     report({{"first": rocm._get_backend_priorities(False, False)[0].name, "imported": imported, "waited": waited}})
     """
     env = dict(dcu_env, GOVINDA_SELFTEST="auto", TRITON_INTERPRET="1")
-    first = child(code, env, timeout=900)
+    # The background self-test (``sys.executable -m govinda_patch selftest --prefetch``) is forked
+    # from the warm interpreter too: it holds its lock through the launcher, which outlives it.
+    first = child(code, env, timeout=900, warm_executable=True)
     assert first.returncode == 0, first
     lines = first.govinda_lines()
     assert any("kernel self-test and the launch-config tuning started in the background" in l for l in lines), lines
@@ -422,7 +424,7 @@ def test_a_server_launch_tests_the_kernels_in_the_background_before_the_worker_s
     selftest_dir = cache_dir / "selftest"
     assert len(list(selftest_dir.glob("default-*.json"))) == 1
     # Warm: the alias shows the verdict is cached, so nothing starts and nothing is waited for.
-    second = child(code, env, timeout=900)
+    second = child(code, env, timeout=900, warm_executable=True)
     assert second.returncode == 0, second
     assert not any("started in the background" in l for l in second.govinda_lines()), second.govinda_lines()
     assert second.result["first"] == "CUSTOM" and "(background)" not in second.stderr

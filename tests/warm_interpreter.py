@@ -19,7 +19,9 @@ Programs that code under test starts itself (a benchmark's ``vllm bench serve`` 
 of scripts/dcu/check.sh) reach a server through its launcher (``LAUNCHER``, ``WarmInterpreter.launcher``),
 an executable that runs like ``python``: the server forks the program with the launcher's
 environment, working directory and standard streams, and what the program starts as
-``sys.executable`` goes through the launcher too.
+``sys.executable`` goes through the launcher too. A ``run_child``/``run_module`` child gets the
+launcher as ``sys.executable`` only where its case opts in (``warm_executable``): the overlay's
+self-test child then forks from here as well.
 """
 
 from __future__ import annotations
@@ -136,12 +138,14 @@ class WarmInterpreter:
         return reply
 
     def run(self, code: str, env: dict, cwd: Path, timeout: float, out_dir: Path,
-            argv: list | None = None) -> subprocess.CompletedProcess:
+            argv: list | None = None, warm_executable: bool = False) -> subprocess.CompletedProcess:
         """Like ``subprocess.run([sys.executable, "-c", code], ...)`` with captured text output
-        (``argv``: ``subprocess.run([sys.executable, *argv], ...)`` instead)."""
+        (``argv``: ``subprocess.run([sys.executable, *argv], ...)`` instead). ``warm_executable``:
+        the child's ``sys.executable`` is this server's launcher, so the interpreters it starts
+        that way (the overlay's self-test child) are forked from here too."""
         stdout, stderr = out_dir / "stdout", out_dir / "stderr"
         request = {"argv": argv or ["-c", code], "env": env, "cwd": str(cwd), "stdout": str(stdout),
-                   "stderr": str(stderr)}
+                   "stderr": str(stderr), "warm_executable": bool(warm_executable)}
         with self._lock:
             self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()
@@ -250,7 +254,10 @@ def serve(socket_path: str) -> None:
                 pid = os.fork()
                 if pid == 0:
                     _leave_the_server(listener, launched)
-                    _become_the_child(json.loads(line), base_path)
+                    request = json.loads(line)
+                    if request.get("warm_executable"):  # opted in: see WarmInterpreter.run
+                        sys.executable = os.path.join(os.path.dirname(socket_path), "python")
+                    _become_the_child(request, base_path)
                     return  # back in ``-c``: the child's code ran; the interpreter shuts down normally
                 print(json.dumps({"pid": pid}), file=protocol_out, flush=True)
                 pipe_child = pid
