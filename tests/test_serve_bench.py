@@ -24,6 +24,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 from bench import ab, ab_config, ab_side, ab_sla, openai_http, serve_tiers, server_env, sides_file  # noqa: E402
 from bench.server import port_in_use  # noqa: E402
+from overlay_testing import warm_python  # noqa: E402
 
 FAKE_SERVER = REPO_ROOT / "tests" / "fake_openai_server.py"
 # The synthetic Qwen3.5-shape tokenizer (8192 byte-level BPE tokens) `vllm bench serve` builds prompts with.
@@ -66,10 +67,10 @@ def wait_for_health(port: int, proc: subprocess.Popen, timeout_s: float = 120.0)
 
 
 class FakeServer:
-    def __init__(self, *flags: str, env=None) -> None:
+    def __init__(self, *flags: str, env=None, python=PYTHON) -> None:
         self.port = free_port()
         self.proc = subprocess.Popen(
-            [PYTHON, str(FAKE_SERVER), "fake-model", str(self.port), *flags],
+            [python, str(FAKE_SERVER), "fake-model", str(self.port), *flags],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
         wait_for_health(self.port, self.proc)
@@ -87,8 +88,8 @@ class FakeServer:
 def fake_server_factory():
     servers = []
 
-    def start(*flags: str, env=None) -> FakeServer:
-        server = FakeServer(*flags, env=env)
+    def start(*flags: str, env=None, python=PYTHON) -> FakeServer:
+        server = FakeServer(*flags, env=env, python=python)
         servers.append(server)
         return server
 
@@ -114,8 +115,14 @@ def test_serve_tiers_runs_vllm_bench_serve(fake_server_factory, tmp_path, warm_b
     """The installed vLLM's own client against the fake: what it sends, and what we keep."""
     ttft_s, token_delay_s, output_len = 0.08, 0.02, 5
     request_log = tmp_path / "requests.jsonl"
+    # The fake runs forked from the warm interpreter that serves the clients (aiohttp and transformers
+    # already imported: ~3 s less to start). Nothing here reads its /proc environment, which is the
+    # warm server's; the env-checking cases start it with this interpreter. PYTHONUNBUFFERED as the
+    # clients' environment has it (serve_tiers.client_env), so one warm interpreter serves both.
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     server = fake_server_factory("--ttft", str(ttft_s), "--token-delay", str(token_delay_s),
-                                 "--tokenizer", str(TOKENIZER), "--request-log", str(request_log))
+                                 "--tokenizer", str(TOKENIZER), "--request-log", str(request_log),
+                                 env=env, python=warm_python(env) or PYTHON)
     result_file = tmp_path / "result.json"
     code = serve_tiers.main([
         "--base-url", server.base_url, "--tokenizer", str(TOKENIZER), "--input-lens", "48,80",
