@@ -378,7 +378,9 @@ def test_selftest_passes_with_the_triton_interpreter(child, dcu_env):
     report([b.name for b in rocm._get_backend_priorities(False, False)])
     """
     env = dict(dcu_env, GOVINDA_SELFTEST="auto", TRITON_INTERPRET="1")
-    result = child(code, env, timeout=900)
+    # The guard's self-test child (``sys.executable -m govinda_patch selftest``) forks from the warm
+    # interpreter too: it skips importing torch again.
+    result = child(code, env, timeout=900, warm_executable=True)
     assert result.returncode == 0, result
     assert result.result[0] == "CUSTOM"
     assert any("kernel self-test passed" in l for l in result.govinda_lines()), result.govinda_lines()
