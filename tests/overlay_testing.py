@@ -106,6 +106,14 @@ def _warm_for(env: dict) -> WarmInterpreter | None:
     return warm if warm is not None and warm.alive() else None
 
 
+def _warm_unless_fresh(env: dict, fresh: bool = False) -> WarmInterpreter | None:
+    """The warm interpreter serving ``env``, or None for a fresh interpreter (``fresh``, or
+    GOVINDA_TEST_FRESH_CHILDREN=1 for everything)."""
+    if fresh or os.environ.get("GOVINDA_TEST_FRESH_CHILDREN", "") == "1":
+        return None
+    return _warm_for(env)
+
+
 def run_child(code: str, env: dict, timeout: float = 300, cwd: Path | None = None, fresh: bool = False,
               warm_executable: bool = False) -> ChildResult:
     """Run ``code`` as ``python -c`` does; it reports with ``report(obj)`` (JSON on stdout).
@@ -119,7 +127,7 @@ def run_child(code: str, env: dict, timeout: float = 300, cwd: Path | None = Non
     prelude = f"import json as _json\ndef report(obj):\n    print({RESULT_MARK!r} + _json.dumps(obj), flush=True)\n"
     code = prelude + textwrap.dedent(code)
     cwd = cwd or REPO / "tests"
-    warm = None if fresh or os.environ.get("GOVINDA_TEST_FRESH_CHILDREN", "") == "1" else _warm_for(env)
+    warm = _warm_unless_fresh(env, fresh)
     if warm is not None:
         with tempfile.TemporaryDirectory(prefix="govinda-child-") as out_dir:
             return ChildResult(warm.run(code, env, cwd, timeout, Path(out_dir), warm_executable=warm_executable))
@@ -138,9 +146,7 @@ def warm_python(env: dict) -> str | None:
     """An executable that runs like this interpreter for programs started by code under test (a
     benchmark's clients, a script's steps), forked from the warm interpreter that serves ``env``
     (tests/warm_interpreter.py, ``LAUNCHER``); None where there is none (then use sys.executable)."""
-    if os.environ.get("GOVINDA_TEST_FRESH_CHILDREN", "") == "1":
-        return None
-    warm = _warm_for(env)
+    warm = _warm_unless_fresh(env)
     return warm.launcher if warm is not None else None
 
 
@@ -153,7 +159,7 @@ def run_module(module: str, args, env: dict, timeout: float = 300, cwd: Path | N
     args = [str(a) for a in args]
     command = [sys.executable, "-m", module, *args]
     cwd = Path(cwd or REPO / "tests")
-    warm = None if fresh or os.environ.get("GOVINDA_TEST_FRESH_CHILDREN", "") == "1" else _warm_for(env)
+    warm = _warm_unless_fresh(env, fresh)
     if warm is None:
         return subprocess.run(command, env=env, cwd=str(cwd), capture_output=True, text=True, timeout=timeout)
     with tempfile.TemporaryDirectory(prefix="govinda-child-") as out_dir:

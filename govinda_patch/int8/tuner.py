@@ -240,13 +240,13 @@ class TuneProblems:
     own shape are what the check must pass (a miscompile can hit one shape and spare another).
     """
 
-    def __init__(self, shape: TuneShape, device, workload: TuneWorkload, seed: int = 0, rotation: Optional[str] = None):
+    def __init__(self, shape: TuneShape, device, workload: TuneWorkload, seed: int = 0):
         import torch
 
         from ..settings import kv_rotation
 
         self.torch = torch
-        self.rotation = kv_rotation() if rotation is None else rotation
+        self.rotation = kv_rotation()
         self.layout = import_kernel("int8_kv_layout")
         self.attention = import_kernel("int8_paged_attention")
         self.shape, self.device, self.workload = shape, torch.device(device), workload
