@@ -70,7 +70,7 @@ class Job:
     arch: str
     case: Case
     variant: Variant
-    kernel: str  # store | decode_split | decode_write | decode_reduce | prefill | gather | rotate
+    kernel: str  # store | decode_split | decode_write | decode_reduce | prefill | gather | rotate | rotate_decode
     config_label: str
     launch: CapturedLaunch
 
@@ -101,6 +101,7 @@ def _kernel_kind(launch: CapturedLaunch) -> str:
         "prefill_attention_kernel": "prefill",
         "_gather_kv_kernel": "gather",
         "_rotate_token_rows_kernel": "rotate",  # the rotated prefill's pre/post pass
+        "_rotate_decode_rows_kernel": "rotate_decode",  # the rotated decode's query pass
     }.get(name, name)
 
 
@@ -113,7 +114,7 @@ def _config_label(kind: str, configs, head_dim: int) -> str:
         return configs.gather.label
     if kind == "prefill":
         return configs.prefill_config(head_dim).label
-    if kind == "rotate":  # fixed tile, not in the tables
+    if kind in ("rotate", "rotate_decode"):  # fixed tile, not in the tables
         rotation = import_kernel("kv_rotation")
         return f"r{rotation.ROTATE_TILE_ELEMENTS // head_dim}w{rotation.ROTATE_NUM_WARPS}"
     return configs.decode_config(head_dim).label

@@ -19,16 +19,16 @@ shared memory on NVIDIA, the stream pipeliner's LDS buffers on AMD. ``L2_PREFETC
 only, a tuning candidate at D <= 128) asks the L2 for the K/V rows and scales of the tile that
 many iterations ahead (PTX ``prefetch.global.L2``), so a tile's load finds its lines on the way.
 
-Rotation (``ROTATE``): with the cache holding Hadamard-rotated rows, the split kernel rotates
-the query on the way in, as tensor-core products with the +-1 Sylvester matrix of one slice
-(``H_D = H_{D/s} (x) H_s``: a slice of the rotated vector is a signed sum of the rotated
-slices); the product is exact (bf16/fp16 times +-1, fp32 sums). The output is rotated back once
-per (decode, head), in fp32 with :func:`kv_rotation.hadamard_rows`, by the reduce kernel: its
-programs either hold a whole row (few splits: cheap enough) or merge head-dim slices of it as
-unrotated, park them in the workspace, and the last one to finish a row (an atomic count per
-row) rotates the whole row (many splits: the reduce keeps its parallelism). So the KV loop and
-the epilogue are the unrotated kernel's, and a rotated decode always goes through the reduce,
-even with a single split.
+Rotation (``ROTATE``, reduce kernel only): with the cache holding Hadamard-rotated rows, the
+host rotates the decodes' query rows once before the split kernel (which is the unrotated one:
+every split of a row would otherwise rotate the same query again, on its critical path, and
+building the rotation in the prologue miscompiled on sm90 in several forms,
+reports/h200/decode-bandwidth.md). The output is rotated back once per (decode, head), in fp32
+with :func:`kv_rotation.hadamard_rows`, by the reduce kernel: its programs either hold a whole
+row (few splits: cheap enough) or merge head-dim slices of it as unrotated, park them in the
+workspace, and the last one to finish a row (an atomic count per row) rotates the whole row
+(many splits: the reduce keeps its parallelism). So a rotated decode always goes through the
+reduce, even with a single split.
 
 Launched by :mod:`int8_paged_attention`, which picks the tile, slice and split count.
 """
@@ -45,50 +45,6 @@ __all__ = ["decode_split_kernel", "decode_reduce_kernel", "MAX_SLICES"]
 
 # Slices per head (the kernel unrolls up to four accumulators).
 MAX_SLICES = 4
-
-
-@triton.jit
-def _signs(N: tl.constexpr, DTYPE: tl.constexpr):
-    """The +-1 Sylvester-Hadamard matrix ``S[i, j] = (-1)^popcount(i & j)`` for N <= 256.
-
-    Built in registers where it is used. Loading it from a table instead saves about 850 sm90
-    instructions per program but gave non-finite outputs on sm90 (Triton 3.6) in three of four
-    variants (reports/h200/decode-bandwidth.md, "the loaded +-1 table")."""
-    bits = tl.arange(0, N)[:, None] & tl.arange(0, N)[None, :]
-    bits = bits ^ (bits >> 4)
-    bits = bits ^ (bits >> 2)
-    bits = bits ^ (bits >> 1)
-    return tl.where((bits & 1) == 0, 1.0, -1.0).to(DTYPE)
-
-
-@triton.jit
-def _signed_sums(w0, w1, w2, w3, NUM_SLICES: tl.constexpr):
-    """Slice j of ``(H_{NUM_SLICES} (x) I) [w0; w1; w2; w3]`` (unnormalised), for j = 0..3."""
-    if NUM_SLICES == 1:
-        return w0, w1, w2, w3
-    elif NUM_SLICES == 2:
-        return w0 + w1, w0 - w1, w2, w3
-    else:
-        a, b, c, d = w0 + w1, w0 - w1, w2 + w3, w2 - w3
-        return a + c, b + d, a - c, b - d
-
-
-@triton.jit
-def _rotate_exact(x0, x1, x2, x3, D_SLICE: tl.constexpr, NUM_SLICES: tl.constexpr, NORM: tl.constexpr,
-                  DOT_DTYPE: tl.constexpr, UPCAST_DOT: tl.constexpr):
-    """``H x`` of a column set split in slices ``x_j [D_SLICE, G]`` held in the dot dtype (exact)."""
-    signs = dot_operand(_signs(D_SLICE, DOT_DTYPE), DOT_DTYPE, UPCAST_DOT)
-    w0 = tl.dot(signs, x0)
-    w1 = w0
-    w2 = w0
-    w3 = w0
-    if NUM_SLICES > 1:
-        w1 = tl.dot(signs, x1)
-    if NUM_SLICES > 2:
-        w2 = tl.dot(signs, x2)
-        w3 = tl.dot(signs, x3)
-    r0, r1, r2, r3 = _signed_sums(w0, w1, w2, w3, NUM_SLICES)
-    return r0 * NORM, r1 * NORM, r2 * NORM, r3 * NORM
 
 
 @triton.jit
@@ -220,11 +176,8 @@ def decode_split_kernel(
     WRITE_OUTPUT: tl.constexpr,  # single split: normalise and write the output directly
     DOT_DTYPE: tl.constexpr,  # the query dtype (tl.bfloat16 / tl.float16)
     UPCAST_DOT: tl.constexpr,
-    ROTATE: tl.constexpr,  # rotate the query (the reduce kernel rotates the output back)
-    ROTATION_NORM: tl.constexpr,
     L2_PREFETCH: tl.constexpr = 0,  # NVIDIA only: tiles requested into the L2 ahead of the one in use
 ):
-    tl.static_assert(not (ROTATE and WRITE_OUTPUT), "a rotated decode writes its output through the reduce kernel")
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -262,15 +215,8 @@ def decode_split_kernel(
     if NUM_SLICES > 2:
         q2 = _query_slice(query_ptr, token, heads, col_valid, stride_q_token, stride_q_head, stride_q_dim, 2, D_SLICE, DOT_DTYPE, UPCAST_DOT)
         q3 = _query_slice(query_ptr, token, heads, col_valid, stride_q_token, stride_q_head, stride_q_dim, 3, D_SLICE, DOT_DTYPE, UPCAST_DOT)
-    if ROTATE:
-        r0, r1, r2, r3 = _rotate_exact(q0, q1, q2, q3, D_SLICE, NUM_SLICES, ROTATION_NORM, DOT_DTYPE, UPCAST_DOT)
-        q0 = dot_operand(r0, DOT_DTYPE, UPCAST_DOT)
-        q1 = dot_operand(r1, DOT_DTYPE, UPCAST_DOT)
-        q2 = dot_operand(r2, DOT_DTYPE, UPCAST_DOT)
-        q3 = dot_operand(r3, DOT_DTYPE, UPCAST_DOT)
 
-    # The first tiles' requests (after the query: issued before its rotation, they made the
-    # rotated D=256 kernel spill under its register cap).
+    # The first tiles' requests, after the query's.
     for ahead in tl.static_range(L2_PREFETCH):
         _prefetch_tile(tile_lo + ahead, tile_hi, seq_len, kv_head, block_table_row, cache_ptr, cache_f32_ptr,
                        stride_cache_block, stride_cache_block_f32, BLOCK_SIZE, HEAD_DIM, BLOCK_N, V_DATA_OFFSET,

@@ -19,11 +19,12 @@ columns (``P[:, n] *= v_scale[n]``) before ``P`` is rounded to the query dtype. 
 base 2 with ``log2(e)`` folded into the softmax scale.
 
 Rotation (``rotation="hadamard"``, cache written by the store kernel with the same rotation):
-the decode kernel rotates the query in-kernel and its reduce kernel the output (once per row,
-so a rotated decode always takes the reduce, even with one split); the prefill runs the unrotated kernel between two
-row-rotation passes: the query rows rotated once into the output rows, the kernel in place on
-them (each program reads its own query tile before it writes the same tile), the output rows
-rotated back in place. A pass over the rows costs about what reading and writing them does.
+the unrotated kernels run on rotated rows. A row pass (:mod:`kv_rotation`) rotates the query
+rows once into the output rows, where the kernels read them. The decode's
+reduce kernel rotates each output row back as it merges it (so a rotated decode always takes
+the reduce, even with one split); the Triton prefill works in place on its rows (each program
+reads its own query tile before it writes the same tile) and a second pass rotates them back.
+A pass over the rows costs about what reading and writing them does.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from .int8_kv_gather import gather_kv_int8
 from .int8_kv_layout import page_offsets
 from .int8_kv_store import float32_view
 from .int8_prefill_attention import prefill_attention_kernel
-from .kv_rotation import NONE, check_rotation, log2_exact, normalizer, rotate_token_rows
+from .kv_rotation import NONE, check_rotation, log2_exact, normalizer, rotate_decode_rows, rotate_token_rows
 from .launch_configs import (
     ArchLaunchConfigs,
     decode_num_splits,
@@ -170,20 +171,13 @@ def _page_constexprs(block_size: int, num_kv_heads: int, head_dim: int, dtype: t
     )
 
 
-def decode_slice(head_dim: int, config, rotate: bool) -> int:
+def decode_slice(head_dim: int, config) -> int:
     """The head_dim slice the decode kernel works in for ``config`` (its ``d_slice``, 0 = whole),
-    within the kernel's bounds: at most ``MAX_SLICES`` slices, at least 16 wide, and 128 wide
-    when rotating a head of 128 or more."""
+    within the kernel's bounds: at most ``MAX_SLICES`` slices, at least 16 wide."""
     width = min(config.d_slice or head_dim, head_dim)
     if head_dim % width:
         width = head_dim
-    width = max(width, head_dim // MAX_SLICES, MIN_DOT_DIM)
-    if rotate:
-        # 128 wide (or the whole head when smaller): on sm90 (Triton 3.6) the rotated kernel
-        # with 64-wide slices of a 128/256 head computed garbage or faulted, 128-wide ones are
-        # exact (reports/h200/decode-bandwidth.md); the +-1 tile is one slice squared.
-        width = min(max(width, min(128, head_dim)), max(128, head_dim // MAX_SLICES))
-    return width
+    return max(width, head_dim // MAX_SLICES, MIN_DOT_DIM)
 
 
 def _reduce_form(num_decodes, num_q_heads, head_dim, num_splits, num_sms, rotate, reduce) -> tuple:
@@ -223,7 +217,12 @@ def _launch_decode(
     num_tokens, num_q_heads, head_dim = step.query.shape
     group = num_q_heads // num_kv_heads
     config = configs.decode_config(head_dim)
-    # Rotated: the reduce kernel rotates the output back, once per row.
+    if rotate:
+        # The decodes' query rows, rotated once into their output rows, where the split kernel
+        # reads them (every split of a row needs the whole rotated query); the reduce kernel
+        # overwrites those rows with the output, rotated back once per row.
+        rotate_decode_rows(step.query, step.output, step.query_start_loc, step.seq_lens, num_decodes)
+        step = step._replace(query=step.output)
     write_output = num_splits == 1 and not rotate
     if write_output:
         partial_acc = partial_max = partial_sum = row_count = step.output  # unused by the kernel
@@ -248,11 +247,9 @@ def _launch_decode(
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
         BLOCK_N=config.block_n,
-        D_SLICE=decode_slice(head_dim, config, rotate),
+        D_SLICE=decode_slice(head_dim, config),
         MIN_TILES_PER_SPLIT=configs.decode_splits.min_tiles_per_split,
         WRITE_OUTPUT=write_output,
-        ROTATE=rotate,
-        ROTATION_NORM=normalizer(head_dim),
         **_page_constexprs(block_size, num_kv_heads, head_dim, step.query.dtype),
         **_l2_prefetch(config),
         **config.launch_kwargs(),

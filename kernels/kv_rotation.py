@@ -157,3 +157,85 @@ def rotate_token_rows(
         num_warps=ROTATE_NUM_WARPS,
         num_stages=1,
     )
+
+
+@triton.jit
+def _rotate_decode_rows_kernel(
+    src_ptr,
+    dst_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    num_tokens,
+    stride_src_token,
+    stride_src_head,
+    stride_src_dim,
+    stride_dst_token,
+    stride_dst_head,
+    stride_dst_dim,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_HEADS: tl.constexpr,
+    LOG2_HEAD_DIM: tl.constexpr,
+    NORM: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    start = tl.load(query_start_loc_ptr + seq)
+    end = tl.load(query_start_loc_ptr + seq + 1)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    # The rows the decode kernels write, and no others: padding (query_len 0) and a decode
+    # without KV keep their rows as they are.
+    if (end - start != 1) | (start < 0) | (start >= num_tokens) | (seq_len <= 0):
+        return
+    heads = tl.program_id(1) * BLOCK_HEADS + tl.arange(0, BLOCK_HEADS)
+    valid = heads < NUM_HEADS
+    dims = tl.arange(0, HEAD_DIM)
+    token = start.to(tl.int64)
+    x = tl.load(
+        src_ptr + token * stride_src_token + heads[:, None] * stride_src_head + dims[None, :] * stride_src_dim,
+        mask=valid[:, None],
+        other=0.0,
+    )
+    x = hadamard_rows(x.to(tl.float32), BLOCK_HEADS, HEAD_DIM, LOG2_HEAD_DIM, NORM)
+    tl.store(
+        dst_ptr + token * stride_dst_token + heads[:, None] * stride_dst_head + dims[None, :] * stride_dst_dim,
+        x.to(dst_ptr.dtype.element_ty),
+        mask=valid[:, None],
+    )
+
+
+def rotate_decode_rows(
+    src: torch.Tensor, dst: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_decodes: int
+) -> None:
+    """``dst[t, h] = H src[t, h]`` (fp32 math, one rounding to ``dst``'s dtype) for the token of
+    each of the first ``num_decodes`` sequences that is a decode the decode kernels serve (query
+    length 1, ``seq_len > 0``); every other row stays untouched.
+
+    Same shapes and aliasing rules as :func:`rotate_token_rows`; one program per (decode, group
+    of heads), the bounds read on the device (CUDA-graph safe, nothing allocated).
+    """
+    num_tokens, num_heads, head_dim = src.shape
+    if dst.shape != src.shape:
+        raise ValueError(f"rotate_decode_rows: dst {tuple(dst.shape)} != src {tuple(src.shape)}")
+    if num_decodes <= 0 or num_tokens == 0:
+        return
+    block_heads = min(triton.next_power_of_2(num_heads), max(1, ROTATE_TILE_ELEMENTS // head_dim))
+    _rotate_decode_rows_kernel[(num_decodes, triton.cdiv(num_heads, block_heads))](
+        src,
+        dst,
+        query_start_loc,
+        seq_lens,
+        num_tokens,
+        src.stride(0),
+        src.stride(1),
+        src.stride(2),
+        dst.stride(0),
+        dst.stride(1),
+        dst.stride(2),
+        NUM_HEADS=num_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_HEADS=block_heads,
+        LOG2_HEAD_DIM=log2_exact(head_dim),
+        NORM=normalizer(head_dim),
+        num_warps=ROTATE_NUM_WARPS,
+        num_stages=1,
+    )

@@ -1,11 +1,11 @@
 """Rotated vs unrotated decode, one fresh process per launch configuration, against the fp32
-reference (sm90 table, CUDA_LAUNCH_BLOCKING=1). Found that 64-wide rotated head_dim slices give
-wrong results on sm90 (reports/h200/decode-bandwidth.md). From the repo root on the device:
+reference (sm90 table, CUDA_LAUNCH_BLOCKING=1). It found that the split kernel's in-prologue
+query rotation, in 64-wide head_dim slices, gave wrong results on sm90 (reports/h200/decode-bandwidth.md);
+the query is now rotated before the split kernel, so every slice width runs rotated. From the repo
+root on the device:
     . scripts/h200/env.sh; PYTHONPATH=/tmp/site python3 scripts/h200/decode_rotation_check.py
 Each line: (D, GQA, KV heads, block size, block_n, d_slice, rotation, split|single|store, decodes)
-and the largest error, or the failure. The configuration is passed as built; decode_slice()
-still applies its bounds (128-wide slices whenever rotating) unless ``--free-slices`` is given,
-which lifts that one bound so the 64-wide rotated slices are checked again.
+and the largest error, or the failure.
 """
 import os, sys, subprocess, json
 CASE = r'''
@@ -14,9 +14,6 @@ sys.path.insert(0, os.getcwd())
 from dataclasses import replace
 from govinda_patch.kernel_package import import_kernel
 L = import_kernel("int8_kv_layout"); A = import_kernel("int8_paged_attention"); S = import_kernel("int8_kv_store"); lc = import_kernel("launch_configs")
-if os.environ.get("FREE_SLICES") == "1":
-    _bounded = A.decode_slice
-    A.decode_slice = lambda head_dim, config, rotate: _bounded(head_dim, config, False)
 D, G, HKV, BS, BN, DS, ROT, PART, NDEC = [int(x) if x.isdigit() else x for x in sys.argv[1:10]]
 dev = torch.device("cuda"); torch.manual_seed(0)
 ctx = 4096
@@ -39,7 +36,7 @@ ref = A.attention_reference(q, cache, torch.arange(NDEC + 1, dtype=torch.int32, 
 print("OK", float((out.float() - ref).abs().max()))
 '''
 open("/tmp/case.py", "w").write(CASE)
-env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1", FREE_SLICES="1" if "--free-slices" in sys.argv else "0")
+env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
 cases = [
     (256, 6, 4, 1552, 64, 128, "none", "split", 1),
     (256, 6, 4, 1552, 64, 64, "hadamard", "split", 1),

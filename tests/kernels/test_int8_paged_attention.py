@@ -342,10 +342,8 @@ def test_decode_loop_variants_match_reference(d_slice, num_stages, rotation):
     table = launch_configs.ARCH_TABLES["interpreter"]
     decode = {d: dataclasses.replace(c, d_slice=d_slice, num_stages=num_stages) for d, c in table.decode.items()}
     configs = dataclasses.replace(table, decode=decode)  # passed to the launch: the table stays as it is
-    # Rotated, a 64-wide head runs whole (128-wide slices; the D=256 rotated cases run two).
-    assert attention.decode_slice(64, configs.decode_config(64), rotation != "none") == (
-        64 if rotation != "none" else d_slice or 64
-    )
+    # Rotated decodes run the same sliced kernel (the query is rotated before it).
+    assert attention.decode_slice(64, configs.decode_config(64)) == (d_slice or 64)
     batch = Batch(
         num_q_heads=6,
         num_kv_heads=2,
@@ -362,16 +360,13 @@ def test_decode_loop_variants_match_reference(d_slice, num_stages, rotation):
 
 def test_decode_slice_stays_within_the_kernels_bounds():
     config = launch_configs.KernelConfig
-    assert attention.decode_slice(256, config(d_slice=64), False) == 64
-    assert attention.decode_slice(256, config(d_slice=16), False) == 64  # at most four slices
-    assert attention.decode_slice(256, config(d_slice=0), False) == 256
-    assert attention.decode_slice(256, config(d_slice=0), True) == 128  # rotation: +-1 matrix of one slice
-    assert attention.decode_slice(128, config(d_slice=256), False) == 128
-    assert attention.decode_slice(128, config(d_slice=48), False) == 128  # not a divisor: the whole head
-    assert attention.decode_slice(16, config(d_slice=64), True) == 16
-    assert attention.decode_slice(256, config(d_slice=64), True) == 128  # rotated: 128-wide slices
-    assert attention.decode_slice(128, config(d_slice=64), True) == 128
-    assert attention.decode_slice(64, config(d_slice=32), True) == 64
+    assert attention.decode_slice(256, config(d_slice=64)) == 64
+    assert attention.decode_slice(256, config(d_slice=16)) == 64  # at most four slices
+    assert attention.decode_slice(256, config(d_slice=0)) == 256
+    assert attention.decode_slice(128, config(d_slice=256)) == 128
+    assert attention.decode_slice(128, config(d_slice=48)) == 128  # not a divisor: the whole head
+    assert attention.decode_slice(16, config(d_slice=64)) == 16
+    assert attention.decode_slice(64, config(d_slice=32)) == 32
 
 
 def test_split_policy_fills_the_gpu_and_can_differ_for_batched_steps():

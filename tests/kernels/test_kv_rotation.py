@@ -114,3 +114,37 @@ def test_token_row_pass_rotates_only_the_prefill_rows(head_dim, dtype):
     kv_rotation.rotate_token_rows(in_place, in_place, query_start_loc, first, last)
     assert_rounded(in_place[2:16])
     assert torch.equal(in_place[:2], src[:2]) and torch.equal(in_place[16:], src[16:])
+
+
+@pytest.mark.parametrize(("head_dim", "dtype", "num_heads"), [(64, torch.bfloat16, 3), (128, torch.float16, 40), (256, torch.float16, 24)], ids=lambda v: str(v))
+def test_decode_row_pass_rotates_only_the_decodes_the_kernels_serve(head_dim, dtype, num_heads):
+    """The rotated decode's query pass: the token of each of the first num_decodes sequences
+    with query length 1 and KV (seq_len > 0) rotated (fp32, one rounding), from a strided view
+    or into another buffer; a padding entry (query length 0), a decode without KV, the
+    prefill's rows and rows outside every sequence stay untouched. More heads than one program
+    holds (40 at D=128, 24 at D=256) take several programs per decode."""
+    generator = torch.Generator().manual_seed(head_dim + num_heads)
+    num_tokens = 12
+    fused = (torch.randn(num_tokens, num_heads, head_dim + 8, generator=generator) * 4).to(dtype)
+    src = fused[:, :, :head_dim]
+    # decodes: token 0 (KV), a pad, token 1 (no KV), token 2 (KV); then a prefill of rows 3..9
+    query_start_loc = torch.tensor([0, 1, 1, 2, 3, 10], dtype=torch.int32)
+    seq_lens = torch.tensor([40, 0, 0, 17, 30], dtype=torch.int32)
+    rotated = [0, 2]
+    exact = kv_rotation.hadamard_reference(src[rotated])
+
+    def assert_rounded(rows):
+        if dtype == torch.float16:
+            assert torch.equal(rows, exact.to(dtype))
+        else:  # the CPU interpreter truncates fp32 to bf16 (see the prefill pass's test)
+            assert ((rows.float() - exact).abs() <= 2.0**-7 * exact.abs()).all()
+
+    untouched = [row for row in range(num_tokens) if row not in rotated]
+    dst = torch.full((num_tokens, num_heads, head_dim), 7.0, dtype=dtype)
+    kv_rotation.rotate_decode_rows(src, dst, query_start_loc, seq_lens, 4)
+    assert_rounded(dst[rotated])
+    assert (dst[untouched] == 7.0).all()
+    in_place = src.clone()
+    kv_rotation.rotate_decode_rows(in_place, in_place, query_start_loc, seq_lens, 4)
+    assert_rounded(in_place[rotated])
+    assert torch.equal(in_place[untouched], src[untouched])
