@@ -157,15 +157,16 @@ done
 # --- the pytest jobs ---------------------------------------------------------------------------
 run_pytest() {  # line, then pytest arguments
   local line="$1"; shift
-  local venv
+  local venv later=1
   venv="$(cat "$WORK/venv-$line")"
+  [ "$line" != "${LINE_LIST[0]}" ] || later=0
   echo "--- vLLM $line ($venv): pytest $(printf '%q ' "$@")"
   # vLLM names its model-info cache files (VLLM_CACHE_ROOT/modelinfos) by class, not by version,
   # and replaces an entry made from another line's source: with lines side by side, children would
   # keep re-inspecting Qwen3.5 and Llama in an extra interpreter (~15 s each). A root per line.
   # GOVINDA_TEST_LATER_LINE=1 (not the first line): tests/conftest.py marks every case slow.
-  cd "$REPO" && VLLM_CACHE_ROOT="$vllm_cache/govinda-tests-$line" \
-    GOVINDA_TEST_LATER_LINE="$([ "$line" = "${LINE_LIST[0]}" ] && echo 0 || echo 1)" "$venv/bin/python" -m pytest tests -q -p no:cacheprovider --durations=15 "$@"
+  cd "$REPO" && VLLM_CACHE_ROOT="$vllm_cache/govinda-tests-$line" GOVINDA_TEST_LATER_LINE="$later" \
+    "$venv/bin/python" -m pytest tests -q -p no:cacheprovider --durations=15 "$@"
 }
 vllm_cache="${VLLM_CACHE_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/vllm}"
 jobs_names=()
