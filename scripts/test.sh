@@ -10,6 +10,9 @@
 # or depend on the installed line), plus the ``gpu_interpreter`` ones when its lock pins a Triton
 # that no earlier line has (the interpreter is Triton's); tests/conftest.py assigns the markers.
 # A -m expression is combined with each job's own selection; -m "" runs every case on every line.
+# On the later lines every case also counts as ``slow`` (they repeat the first line's cases), so the
+# inner loop, -m "not slow", runs the first line's quick cases only: a line that an expression
+# leaves no case of is not started at all (-m slow runs exactly what the inner loop leaves out).
 # The default order puts the DCU's stack first: Python 3.10, torch 2.10, the AMD compile gate.
 #
 # The runs are independent processes, so they run side by side, GOVINDA_TEST_JOBS at a time
@@ -26,6 +29,7 @@
 # env-doc: GOVINDA_VENV_ROOT | directory | <repo>/.venvs | Where the per-vLLM-line test environments live (CI points it at a cache keyed by the lock files).
 # env-doc: GOVINDA_TEST_LINES | space-separated vLLM versions | 0.18.1 0.26.0 0.33.0 | Which supported vLLM lines to test.
 # env-doc: GOVINDA_TEST_JOBS | integer >= 1 | number of CPUs | How many pytest runs scripts/test.sh runs side by side (environment builds run beside them); 1 runs everything one at a time with live output.
+# env-doc: GOVINDA_TEST_LATER_LINE | 0, 1 | 0 | Set by scripts/test.sh for its pytest runs: 1 on a line after the first, where tests/conftest.py marks every case slow (the inner loop, -m "not slow", runs the first line only).
 # env-doc: GOVINDA_TEST_FRESH_CHILDREN | 0, 1 | 0 | 1: every child of tests/overlay_testing.run_child and run_module, and every program started through the warm launcher, is a new interpreter instead of a fork of the session's warm one (tests/warm_interpreter.py).
 set -euo pipefail
 
@@ -39,6 +43,40 @@ if ! [[ "$JOBS" =~ ^[1-9][0-9]*$ ]]; then
 fi
 read -r -a LINE_LIST <<< "$LINES"
 [ "${#LINE_LIST[@]}" -gt 0 ] || { echo "test.sh: GOVINDA_TEST_LINES names no line" >&2; exit 2; }
+# A marker expression given with -m is combined with each job's own ("A" becomes "(A) and (EXPR)");
+# -m "" keeps the documented meaning, every case on every line. Other arguments pass through.
+user_mark=""
+user_mark_set=0
+other_args=()
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    -m) [ "$#" -ge 2 ] || { echo "test.sh: -m needs an expression" >&2; exit 2; }
+        user_mark="$2"; user_mark_set=1; shift 2 ;;
+    -m*) user_mark="${1#-m}"; user_mark_set=1; shift ;;
+    *) other_args+=("$1"); shift ;;
+  esac
+done
+# Whether the -m expression $1 can hold for a case marked slow, whatever its other markers (every
+# combination is tried). Anything beyond names, and, or, not and parentheses counts as "it can".
+may_select_slow() {
+  python3 - "$1" <<'PY' || [ "$?" != 1 ]
+import itertools, re, sys
+expr = sys.argv[1]
+names = sorted(set(re.findall(r"[A-Za-z_]\w*", expr)) - {"and", "or", "not", "slow"})
+if not re.fullmatch(r"[\w\s()]*", expr):
+    sys.exit(0)
+try:
+    sys.exit(0 if any(eval(expr, {"__builtins__": {}}, dict(zip(names, bits), slow=True))
+                      for bits in itertools.product((False, True), repeat=len(names))) else 1)
+except Exception:
+    sys.exit(0)
+PY
+}
+RUN_LINES=("${LINE_LIST[0]}")  # the first line always runs; later ones unless -m leaves none of their cases
+not_run_lines=()
+for line in "${LINE_LIST[@]:1}"; do
+  if [ -n "$user_mark" ] && ! may_select_slow "$user_mark"; then not_run_lines+=("$line"); else RUN_LINES+=("$line"); fi
+done
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/govinda-test.XXXXXX")"
 cleanup() {  # stop jobs still running (an interrupted run), then drop the logs; keeps the exit code
   local pids
@@ -109,42 +147,31 @@ build_environment() {  # line $1
   echo "$venv" > "$WORK/venv-$1"
 }
 started_all=$SECONDS
-for line in "${LINE_LIST[@]}"; do  # checks first (quick), so that cached lines start in order
+for line in "${RUN_LINES[@]}"; do  # checks first (quick), so that cached lines start in order
   existing_environment "$line" || true
 done
-for line in "${LINE_LIST[@]}"; do
+for line in "${RUN_LINES[@]}"; do
   [ -s "$WORK/venv-$line" ] || spawn "setup-$line" build_environment "$line"
 done
 
 # --- the pytest jobs ---------------------------------------------------------------------------
 run_pytest() {  # line, then pytest arguments
   local line="$1"; shift
-  local venv
+  local venv later=1
   venv="$(cat "$WORK/venv-$line")"
+  [ "$line" != "${LINE_LIST[0]}" ] || later=0
   echo "--- vLLM $line ($venv): pytest $(printf '%q ' "$@")"
   # vLLM names its model-info cache files (VLLM_CACHE_ROOT/modelinfos) by class, not by version,
   # and replaces an entry made from another line's source: with lines side by side, children would
   # keep re-inspecting Qwen3.5 and Llama in an extra interpreter (~15 s each). A root per line.
-  cd "$REPO" && VLLM_CACHE_ROOT="$vllm_cache/govinda-tests-$line" \
+  # GOVINDA_TEST_LATER_LINE=1 (not the first line): tests/conftest.py marks every case slow.
+  cd "$REPO" && VLLM_CACHE_ROOT="$vllm_cache/govinda-tests-$line" GOVINDA_TEST_LATER_LINE="$later" \
     "$venv/bin/python" -m pytest tests -q -p no:cacheprovider --durations=15 "$@"
 }
 vllm_cache="${VLLM_CACHE_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/vllm}"
 jobs_names=()
 jobs_lines=()
 first_line_jobs=0  # the first line's jobs come first in jobs_names
-# A marker expression given with -m is combined with each job's own ("A" becomes "(A) and (EXPR)");
-# -m "" keeps the documented meaning, every case on every line. Other arguments pass through.
-user_mark=""
-user_mark_set=0
-other_args=()
-while [ "$#" -gt 0 ]; do
-  case "$1" in
-    -m) [ "$#" -ge 2 ] || { echo "test.sh: -m needs an expression" >&2; exit 2; }
-        user_mark="$2"; user_mark_set=1; shift 2 ;;
-    -m*) user_mark="${1#-m}"; user_mark_set=1; shift ;;
-    *) other_args+=("$1"); shift ;;
-  esac
-done
 add_job() {  # name, line, the job's own marker expression ("" = every case)
   local name="$1" line="$2" mark="$3" args=()
   if [ "$user_mark_set" = 1 ]; then
@@ -161,7 +188,7 @@ add_job() {  # name, line, the job's own marker expression ("" = every case)
 split=1
 [ "${#other_args[@]}" = 0 ] && { [ "$user_mark_set" = 0 ] || [ -n "$user_mark" ]; } || split=0
 seen_tritons=" "
-for line in "${LINE_LIST[@]}"; do
+for line in "${RUN_LINES[@]}"; do
   triton="$(grep -m1 '^triton==' "$REPO/requirements/vllm-$line.lock" 2>/dev/null || true)"
   if [ "$first_line_jobs" = 0 ]; then  # the first line: every case
     line_mark=""
@@ -233,10 +260,13 @@ wait || true
 report_finished
 
 echo "=== summary (${JOBS} side by side, environments included, $((SECONDS - started_all)) s in all):"
-for line in "${LINE_LIST[@]}"; do
+for line in "${RUN_LINES[@]}"; do
   read -r rc took < "$WORK/setup-$line.rc"
   [ "$rc" = 0 ] || { echo "=== setup-$line: FAILED, $took s"; status=1; continue; }
   echo "=== environment $line: $(cat "$WORK/venv-$line") ($([ "$took" = 0 ] && echo "matches its lock" || echo "built, $took s"))"
+done
+for line in "${not_run_lines[@]}"; do
+  echo "=== vLLM $line: not run (the -m expression leaves out every case of a later line: they all count as slow)"
 done
 ran_cases=" "  # lines of which some job ran cases
 for i in "${order[@]}"; do

@@ -101,6 +101,9 @@ SLOW_CASES = {
     "test_decode_l2_prefetch.py::test_sm90_decode_prefetches_only_when_asked_without_spills",
 }
 
+# scripts/test.sh sets this on the lines after the first: there every case also counts as slow, as
+# those runs repeat the first line's cases, so the inner loop (-m "not slow") runs the first line only.
+LATER_LINE = os.environ.get("GOVINDA_TEST_LATER_LINE") == "1"
 
 # Cases whose children must be new interpreters, not forks of the warm one (tests/warm_interpreter.py,
 # which holds torch and transformers): they look at what start-up imports or finds on the path.
@@ -124,7 +127,7 @@ def markers_for(item) -> set[str]:
     if (path.parent in INTERPRETER_DIRS and case not in NO_KERNEL_CASES) or path.name in INTERPRETER_MODULES \
             or case in INTERPRETER_CASES:
         marks.add("gpu_interpreter")
-    if path.name in SLOW_CASES or case in SLOW_CASES:
+    if path.name in SLOW_CASES or case in SLOW_CASES or LATER_LINE:
         marks.add("slow")
     return marks
 
