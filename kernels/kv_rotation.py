@@ -76,6 +76,36 @@ ROTATE_NUM_WARPS = 4
 
 
 @triton.jit
+def _rotate_rows_at(src_ptr, dst_ptr, tokens, heads, valid, stride_src_token, stride_src_head, stride_src_dim,
+                    stride_dst_token, stride_dst_head, stride_dst_dim, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    LOG2_HEAD_DIM: tl.constexpr, NORM: tl.constexpr):
+    """``dst[tokens[i], heads[i]] = H src[tokens[i], heads[i]]`` for the ``valid`` of ``ROWS`` rows."""
+    dims = tl.arange(0, HEAD_DIM)
+    x = tl.load(
+        src_ptr + tokens[:, None] * stride_src_token + heads[:, None] * stride_src_head + dims[None, :] * stride_src_dim,
+        mask=valid[:, None],
+        other=0.0,
+    )
+    x = hadamard_rows(x.to(tl.float32), ROWS, HEAD_DIM, LOG2_HEAD_DIM, NORM)
+    tl.store(
+        dst_ptr + tokens[:, None] * stride_dst_token + heads[:, None] * stride_dst_head + dims[None, :] * stride_dst_dim,
+        x.to(dst_ptr.dtype.element_ty),
+        mask=valid[:, None],
+    )
+
+
+def _row_pass_arguments(name: str, src: torch.Tensor, dst: torch.Tensor) -> tuple:
+    """``(strides, constexprs)`` of a row-pass launch over ``[T, heads, D]`` tensors of one shape."""
+    if dst.shape != src.shape:
+        raise ValueError(f"{name}: dst {tuple(dst.shape)} != src {tuple(src.shape)}")
+    head_dim = src.shape[2]
+    strides = (*src.stride(), *dst.stride())
+    constexprs = dict(NUM_HEADS=src.shape[1], HEAD_DIM=head_dim, LOG2_HEAD_DIM=log2_exact(head_dim),
+                      NORM=normalizer(head_dim), num_warps=ROTATE_NUM_WARPS, num_stages=1)
+    return strides, constexprs
+
+
+@triton.jit
 def _rotate_token_rows_kernel(
     src_ptr,
     dst_ptr,
@@ -102,20 +132,9 @@ def _rotate_token_rows_kernel(
         return
     rows = first_row + tl.arange(0, BLOCK_ROWS)  # (token, head) pairs
     tokens = start.to(tl.int64) + rows // NUM_HEADS
-    heads = rows % NUM_HEADS
-    valid = tokens < end
-    dims = tl.arange(0, HEAD_DIM)
-    x = tl.load(
-        src_ptr + tokens[:, None] * stride_src_token + heads[:, None] * stride_src_head + dims[None, :] * stride_src_dim,
-        mask=valid[:, None],
-        other=0.0,
-    )
-    x = hadamard_rows(x.to(tl.float32), BLOCK_ROWS, HEAD_DIM, LOG2_HEAD_DIM, NORM)
-    tl.store(
-        dst_ptr + tokens[:, None] * stride_dst_token + heads[:, None] * stride_dst_head + dims[None, :] * stride_dst_dim,
-        x.to(dst_ptr.dtype.element_ty),
-        mask=valid[:, None],
-    )
+    _rotate_rows_at(src_ptr, dst_ptr, tokens, rows % NUM_HEADS, tokens < end, stride_src_token, stride_src_head,
+                    stride_src_dim, stride_dst_token, stride_dst_head, stride_dst_dim, BLOCK_ROWS, HEAD_DIM,
+                    LOG2_HEAD_DIM, NORM)
 
 
 def rotate_token_rows(
@@ -130,32 +149,14 @@ def rotate_token_rows(
     the grid covers ``T - first_seq`` tokens, and the bounds are read on the device, so the launch
     allocates nothing and never synchronizes (CUDA-graph safe).
     """
+    strides, constexprs = _row_pass_arguments("rotate_token_rows", src, dst)
     num_tokens, num_heads, head_dim = src.shape
-    if dst.shape != src.shape:
-        raise ValueError(f"rotate_token_rows: dst {tuple(dst.shape)} != src {tuple(src.shape)}")
     max_rows = max(num_tokens - first_seq, 0) * num_heads
     if max_rows == 0:
         return
     block_rows = max(1, ROTATE_TILE_ELEMENTS // head_dim)
     _rotate_token_rows_kernel[(triton.cdiv(max_rows, block_rows),)](
-        src,
-        dst,
-        query_start_loc,
-        first_seq,
-        last_seq,
-        src.stride(0),
-        src.stride(1),
-        src.stride(2),
-        dst.stride(0),
-        dst.stride(1),
-        dst.stride(2),
-        NUM_HEADS=num_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_ROWS=block_rows,
-        LOG2_HEAD_DIM=log2_exact(head_dim),
-        NORM=normalizer(head_dim),
-        num_warps=ROTATE_NUM_WARPS,
-        num_stages=1,
+        src, dst, query_start_loc, first_seq, last_seq, *strides, BLOCK_ROWS=block_rows, **constexprs
     )
 
 
@@ -187,20 +188,10 @@ def _rotate_decode_rows_kernel(
     if (end - start != 1) | (start < 0) | (start >= num_tokens) | (seq_len <= 0):
         return
     heads = tl.program_id(1) * BLOCK_HEADS + tl.arange(0, BLOCK_HEADS)
-    valid = heads < NUM_HEADS
-    dims = tl.arange(0, HEAD_DIM)
-    token = start.to(tl.int64)
-    x = tl.load(
-        src_ptr + token * stride_src_token + heads[:, None] * stride_src_head + dims[None, :] * stride_src_dim,
-        mask=valid[:, None],
-        other=0.0,
-    )
-    x = hadamard_rows(x.to(tl.float32), BLOCK_HEADS, HEAD_DIM, LOG2_HEAD_DIM, NORM)
-    tl.store(
-        dst_ptr + token * stride_dst_token + heads[:, None] * stride_dst_head + dims[None, :] * stride_dst_dim,
-        x.to(dst_ptr.dtype.element_ty),
-        mask=valid[:, None],
-    )
+    tokens = tl.zeros([BLOCK_HEADS], dtype=tl.int64) + start  # one token, a row per head
+    _rotate_rows_at(src_ptr, dst_ptr, tokens, heads, heads < NUM_HEADS, stride_src_token, stride_src_head,
+                    stride_src_dim, stride_dst_token, stride_dst_head, stride_dst_dim, BLOCK_HEADS, HEAD_DIM,
+                    LOG2_HEAD_DIM, NORM)
 
 
 def rotate_decode_rows(
@@ -213,29 +204,11 @@ def rotate_decode_rows(
     Same shapes and aliasing rules as :func:`rotate_token_rows`; one program per (decode, group
     of heads), the bounds read on the device (CUDA-graph safe, nothing allocated).
     """
+    strides, constexprs = _row_pass_arguments("rotate_decode_rows", src, dst)
     num_tokens, num_heads, head_dim = src.shape
-    if dst.shape != src.shape:
-        raise ValueError(f"rotate_decode_rows: dst {tuple(dst.shape)} != src {tuple(src.shape)}")
     if num_decodes <= 0 or num_tokens == 0:
         return
     block_heads = min(triton.next_power_of_2(num_heads), max(1, ROTATE_TILE_ELEMENTS // head_dim))
     _rotate_decode_rows_kernel[(num_decodes, triton.cdiv(num_heads, block_heads))](
-        src,
-        dst,
-        query_start_loc,
-        seq_lens,
-        num_tokens,
-        src.stride(0),
-        src.stride(1),
-        src.stride(2),
-        dst.stride(0),
-        dst.stride(1),
-        dst.stride(2),
-        NUM_HEADS=num_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_HEADS=block_heads,
-        LOG2_HEAD_DIM=log2_exact(head_dim),
-        NORM=normalizer(head_dim),
-        num_warps=ROTATE_NUM_WARPS,
-        num_stages=1,
+        src, dst, query_start_loc, seq_lens, num_tokens, *strides, BLOCK_HEADS=block_heads, **constexprs
     )
