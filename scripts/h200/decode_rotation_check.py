@@ -3,14 +3,13 @@ reference (sm90 table, CUDA_LAUNCH_BLOCKING=1). It found that the split kernel's
 query rotation, in 64-wide head_dim slices, gave wrong results on sm90 (reports/h200/decode-bandwidth.md);
 the query is now rotated before the split kernel, so every slice width runs rotated. From the repo
 root on the device:
-    . scripts/h200/env.sh; PYTHONPATH=/tmp/site python3 scripts/h200/decode_rotation_check.py
+    . scripts/h200/env.sh; python3 scripts/h200/decode_rotation_check.py   # env.sh puts the repo on PYTHONPATH
 Each line: (D, GQA, KV heads, block size, block_n, d_slice, rotation, split|single|store, decodes)
 and the largest error, or the failure.
 """
 import os, sys, subprocess, json
 CASE = r'''
 import os, sys, torch
-sys.path.insert(0, os.getcwd())
 from dataclasses import replace
 from govinda_patch.kernel_package import import_kernel
 L = import_kernel("int8_kv_layout"); A = import_kernel("int8_paged_attention"); S = import_kernel("int8_kv_store"); lc = import_kernel("launch_configs")
