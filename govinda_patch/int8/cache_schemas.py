@@ -53,6 +53,7 @@ class TuneResult(_Entry):
     elapsed_s: Optional[float] = None
     summary: Any = None  # shown in one log line (clipped), never acted on
     cacheable: Optional[bool] = None
+    wrong_at_shape: Optional[str] = Field(default=None, max_length=_TEXT)  # tuner.WrongAtShape
 
 
 class CountersSnapshot(_Entry):

@@ -76,6 +76,27 @@ def cached_verdict(settings) -> dict:
         return dict(verdict, **notes)
 
 
+def record_failure(settings, reason: str, device_index=None):
+    """Cache a failed verdict with ``reason`` for the device ``cached_verdict`` would look up (the
+    GPU ``device_index``, else the background self-test's first visible GPU), replacing what is
+    cached: the kernels failed a check the self-test's own small shape does not make (the tuner's,
+    at the model's shape). None when written, else what stopped it."""
+    directory = settings.cache_subdir("selftest")
+    if directory is None:
+        return "no home directory and GOVINDA_CACHE_DIR unset"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with cache_files.locked(directory / ".lock"):
+            key = device_key(device_index)
+            if device_index is None:
+                key = device_alias.first_device_key(directory) or key
+            write_json_atomically(directory / f"{machine_key(key)}.json",
+                                  {"ok": False, "device_key": key, "reason": reason, "cacheable": True})
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc.strerror or exc}"
+    return None
+
+
 # Keys cached_verdict adds for its caller's log line; they describe this process's cache only.
 RUNTIME_KEYS = ("uncached", "cache_problem", "lock_note")
 

@@ -265,6 +265,12 @@ def _tune(settings, shape: dict, device_index: int) -> None:
             answer = tuner.cached_here(tune_shape, device_index)
         if "tuning failed" in answer:
             answer += " | " + " | ".join(progress.getvalue().strip().splitlines()[-2:])
+    except tuner.WrongAtShape as exc:  # the verdict is recorded failed: the engine's guard keeps vLLM stock
+        stock = ("the engine's self-test guard reads the failed verdict and keeps vLLM stock" if exc.problem is None
+                 else f"the failed verdict could not be recorded ({clip(exc.problem, 200)}): the engine meets the error itself")
+        print(f"govinda ERROR [pid {os.getpid()}] launch configs in the background, {time.monotonic() - began:.1f} s: "
+              f"{clip(exc.reason, 500)}; {stock}", file=sys.stderr, flush=True)
+        return
     except Exception as exc:
         answer = f"{shape}: {type(exc).__name__}: {clip(exc, 300)}"
     print(f"{prefix} in the background, {time.monotonic() - began:.1f} s: {clip(answer, 400)}", file=sys.stderr, flush=True)

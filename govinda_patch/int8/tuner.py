@@ -15,7 +15,9 @@ then times it: decode tiles x split policy at
 batch 1 (scored by the geometric mean of their times at several contexts, 4K/16K/32K on a
 GPU), the split policy at batch 8, then prefill tiles/warps/stages. It keeps the fastest
 correct candidate of each part, within a time budget (``GOVINDA_TUNE_BUDGET_S``); parts it
-does not reach, or where no candidate passes, keep the hand table's entry.
+does not reach, or where no candidate passes, keep the hand table's entry, checked at the shape
+too. If that is wrong as well, nothing correct is left to launch: :class:`WrongAtShape` records
+the device's self-test verdict as failed, so the guard keeps vLLM stock.
 """
 
 from __future__ import annotations
@@ -216,12 +218,43 @@ def _launch_configs_for(settings_key: tuple, shape: TuneShape, device_str: str, 
         choice = lc.TunedChoice.from_json(result["choice"])
     except Exception as exc:  # a broken child or cache directory must never stop the server
         return base, f"{hand} (tuning failed: {error_text(exc, 300)})"
+    if result.get("wrong_at_shape"):
+        error = refuse_shape(settings, shape, device, str(result["wrong_at_shape"]))
+        if not tune_here:  # an engine building its attention: one line beside vLLM's traceback
+            logging.getLogger("govinda").error("%s; this start stops rather than serve wrong attention", error)
+        raise error
     origin = "cached" if result.get("from_cache") else f"tuned in {result.get('elapsed_s') or 0:.1f} s"
     return lc.with_choice(base, shape.head_dim, choice), f"tuned ({origin}) {choice.label}; {clip(result.get('summary', ''), 300)}"
 
 
+class WrongAtShape(RuntimeError):
+    """The tuner found the kernels this shape would launch wrong against the reference (no candidate
+    passed and the hand table's entry failed too). The device's self-test verdict is cached as failed
+    first (``recorded``), so the ``kernel_selftest`` guard keeps vLLM stock from then on; an engine
+    that meets this while building its attention stops rather than serve wrong attention."""
+
+    def __init__(self, reason: str, recorded: Optional[str]):
+        self.reason, self.problem = reason, recorded
+        then = ("the self-test verdict for this device is now failed, so vLLM runs stock from the next start" if recorded is None
+                else f"set GOVINDA_INT8_KV=0 to run vLLM stock (the failed verdict could not be recorded: {recorded})")
+        super().__init__(f"{reason}; {then}")
+
+
+def refuse_shape(settings, shape: TuneShape, device, wrong: str) -> WrongAtShape:
+    """Record the device's self-test verdict as failed because of ``wrong`` at ``shape``; return the
+    error to raise (never raises itself)."""
+    from ..settings import kv_rotation
+    from . import selftest
+
+    reason = (f"the INT8 kernels give wrong results at the model's attention shape {shape.key()} "
+              f"(kv_rotation={kv_rotation()}; the launch-config tuner's check: {clip(wrong, 300)})")
+    index = device.index if device.type == "cuda" else None
+    return WrongAtShape(reason, selftest.record_failure(settings, reason, index))
+
+
 def launch_configs_for(shape: TuneShape, device, tune_here: bool = False):
-    """``(ArchLaunchConfigs, description)`` for ``shape`` on ``device``; the hand table on any failure.
+    """``(ArchLaunchConfigs, description)`` for ``shape`` on ``device``; the hand table on any failure
+    of the tuning itself. Raises :class:`WrongAtShape` when the tuning found the kernels wrong here.
     ``tune_here``: see :func:`cached_or_tuned` (servers leave it off: a tuning crash must not take them down)."""
     keys = ("GOVINDA_TUNE", "GOVINDA_TUNE_BUDGET_S", "GOVINDA_CACHE_DIR", "GOVINDA_KERNEL_ARCH")
     return _launch_configs_for(tuple(os.environ.get(k) for k in keys), shape, str(device), tune_here)
@@ -551,18 +584,28 @@ def run_tuning(
             best_prefill = (trial.seconds, config)
     if best_prefill is not None:
         chosen = replace(chosen, prefill=best_prefill[1])
-    elapsed = clock() - started
     parts = {
         "decode": best_b1 is not None,
         "decode_batched": best_batched is not None,
         "prefill": best_prefill is not None or not tune_prefill,
     }
     kept = [name for name, found in parts.items() if not found]
+    # A part no passing trial chose runs the hand table's entry, which nothing has checked at this
+    # shape and rotation yet; the server would launch it. Wrong there, the shape must go stock.
+    wrong_at_shape = _hand_entries_wrong(
+        problems, lc.with_choice(base, shape.head_dim, chosen),
+        check_decode=best_b1 is None, check_prefill=best_prefill is None and tune_prefill,
+    )
+    if wrong_at_shape:
+        _log(f"the hand table is wrong at {shape.key()}: {wrong_at_shape}")
+    elapsed = clock() - started
     summary = f"{len([t for t in trials if t.usable])}/{len(trials)} candidates usable, {elapsed:.1f} s"
     if skipped:
         summary += f", budget left {len(skipped)} untried"
     if kept:
         summary += f", hand table kept for {'/'.join(kept)}"
+    if wrong_at_shape:
+        summary += f", WRONG at this shape: {wrong_at_shape}"
     _log(f"chose {chosen.label} ({summary})")
     return {
         "ok": True,
@@ -576,9 +619,29 @@ def run_tuning(
         "budget_s": budget_s,
         "skipped": skipped,
         "trials": [asdict(t) for t in trials],
+        # Set: the kernels this shape would launch give wrong results (see WrongAtShape).
+        "wrong_at_shape": wrong_at_shape,
         # A partial pick (budget ran out) is still cached: later starts must not pay again.
         "cacheable": True,
     }
+
+
+def _hand_entries_wrong(problems: TuneProblems, configs, *, check_decode: bool, check_prefill: bool) -> Optional[str]:
+    """What is wrong with ``configs``' decode / prefill at the problems' shape (the parts asked
+    for), or None. Only a wrong or non-finite result counts: a check that raises (out of memory
+    in a tuning child beside a full server, say) proves nothing about the kernels."""
+    found = []
+    for part, batch, wanted in (("decode", problems.check_decode, check_decode), ("prefill", problems.check_prefill, check_prefill)):
+        if not wanted:
+            continue
+        try:
+            ratio = problems.check(batch, configs)
+        except Exception as exc:
+            _log(f"the hand table's {part} could not be checked at this shape: {type(exc).__name__}: {clip(exc, 160)}")
+            continue
+        if not ratio <= 1.0:
+            found.append(f"{part}: error {ratio:.3g} x the bound")
+    return "; ".join(found) or None
 
 
 def tune_result(shape: TuneShape, device_index: int, budget_s: float) -> dict:
@@ -625,6 +688,10 @@ def cached_here(shape: TuneShape, device_index: int) -> str:
 
 def main_cached(shape_json: str, device_index: int) -> int:
     """``python -m govinda_patch tune --cached``: :func:`cached_here`; exit 1 when tuning failed."""
-    line = cached_here(TuneShape.from_json(shape_json), device_index)
+    try:
+        line = cached_here(TuneShape.from_json(shape_json), device_index)
+    except WrongAtShape as exc:
+        print(f"{shape_json}: {exc}", flush=True)
+        return 1
     print(line, flush=True)
     return 1 if "tuning failed" in line else 0

@@ -162,6 +162,83 @@ def test_no_budget_means_the_hand_table():
     result = tuner.run_tuning(SHAPE, "cpu", budget_s=0, timer=lambda *a: 1.0, base=TABLE)
     assert result["trials"] == []
     assert lc.TunedChoice.from_json(result["choice"]) == lc.choice_from_table(TABLE, SHAPE.head_dim)
+    # Nothing was tried, so the hand table's entries were checked at the shape: both correct.
+    assert result["wrong_at_shape"] is None and "WRONG" not in result["summary"]
+
+
+def _corrupt(monkeypatch, part):
+    """Every launch of ``part`` (decode: batches with decodes; prefill: without) is wrong, whatever
+    its configs: a miscompile at this shape that no candidate and no table entry escapes."""
+    real = attention.paged_attention_int8
+
+    def corrupted(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if bool(kwargs.get("num_decodes")) == (part == "decode"):
+            out.add_(1.0)
+        return out
+
+    monkeypatch.setattr(attention, "paged_attention_int8", corrupted)
+
+
+@pytest.mark.parametrize("part", ["decode", "prefill"])
+def test_a_hand_table_wrong_at_the_shape_is_reported(monkeypatch, part):
+    # Every candidate of the part is rejected, so the part falls back to the hand table, which is
+    # then checked at the shape as well, and found wrong: the result says so (it is cached, and
+    # the worker refuses it, test below). The other part passed its trials: not checked again.
+    _corrupt(monkeypatch, part)
+    candidates = lc.TuningCandidates(
+        decode=(K(block_n=32),), programs_per_sm=(1,), batched_programs_per_sm=(1,),
+        prefill=(K(block_m=32, block_n=16),), max_splits=16,
+    )
+    result = tuner.run_tuning(SHAPE, "cpu", budget_s=600, timer=lambda *a: 1.0, candidates=candidates, base=TABLE)
+    rejected = [t for t in result["trials"] if t["problem"]]
+    assert rejected and all(t["problem"].startswith("wrong result") for t in rejected)
+    assert {t["part"] for t in rejected} == ({"decode_b1"} if part == "decode" else {"prefill"})
+    assert result["wrong_at_shape"].startswith(f"{part}: error ") and ";" not in result["wrong_at_shape"]
+    assert "WRONG at this shape" in result["summary"] and result["ok"] and result["cacheable"]
+
+
+def test_a_choice_wrong_at_the_shape_fails_the_self_test_and_the_guard_keeps_vllm_stock(tmp_path, monkeypatch, capsys):
+    """A worker that reads (or tunes) a result marked wrong at its shape records the device's
+    self-test verdict as failed and raises: the group's guard (this start's, through the
+    background prefetch, or the next start's) then keeps vLLM stock with that reason."""
+    from govinda_patch.int8 import guard, selftest, selftest_prefetch
+
+    flagged = {"ok": True, "choice": lc.choice_from_table(TABLE, 64).to_json(), "elapsed_s": 1.0,
+               "wrong_at_shape": "decode: error 9.5 x the bound", "summary": "0/2 candidates usable"}
+    asked = []
+    monkeypatch.setattr(tuner, "cached_or_tuned", lambda settings, shape, *a, **k: asked.append(shape) or dict(flagged))
+    monkeypatch.setattr(lc, "interpreting", lambda: False)  # a GPU worker's path
+    monkeypatch.setattr(lc, "get_launch_configs", lambda device: TABLE)
+    monkeypatch.setattr(tuner, "_device_label", lambda device: "Fake GPU|8")
+    monkeypatch.setattr(selftest, "device_key", lambda index: f"Fake GPU|{index}")
+    monkeypatch.setattr(selftest, "current_device_index", lambda: 0)
+    monkeypatch.setenv("GOVINDA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("GOVINDA_TUNE", "auto")
+    tuner._launch_configs_for.cache_clear()
+    settings = _settings(tmp_path)
+    # The cached verdict passed before: the worker's guard would have let the group in.
+    (tmp_path / "selftest").mkdir()
+    passed = tmp_path / "selftest" / f"{selftest.machine_key('Fake GPU|0')}.json"
+    passed.write_text(json.dumps({"ok": True, "device": "Fake GPU", "summary": {}}))
+    assert guard.kernel_selftest(settings).ok
+
+    with pytest.raises(tuner.WrongAtShape) as raised:
+        tuner.launch_configs_for(SHAPE, torch.device("cuda", 0))
+    assert asked == [SHAPE] and raised.value.problem is None
+    assert SHAPE.key() in str(raised.value) and "error 9.5 x the bound" in str(raised.value)
+    assert "verdict for this device is now failed, so vLLM runs stock from the next start" in str(raised.value)
+    verdict = guard.kernel_selftest(settings)
+    assert not verdict.ok and verdict.message.startswith("kernel self-test failed: the INT8 kernels give wrong results")
+    assert SHAPE.key() in verdict.message and "kv_rotation=none" in verdict.message
+
+    # The background prefetch's tuning meets the same error: one line, the verdict recorded, no raise.
+    monkeypatch.setattr(tuner, "cached_here", lambda shape, index: tuner.launch_configs_for(shape, torch.device("cuda", index), tune_here=True))
+    capsys.readouterr()
+    selftest_prefetch._tune(settings, json.loads(SHAPE.to_json()), 0)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("govinda")]
+    assert len(lines) == 1 and lines[0].startswith("govinda ERROR") and "keeps vLLM stock" in lines[0]
+    assert tuner.main_cached(SHAPE.to_json(), 0) == 1
 
 
 def test_with_choice_builds_a_new_table_and_changes_the_launch():
