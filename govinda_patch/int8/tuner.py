@@ -248,7 +248,9 @@ def refuse_shape(settings, shape: TuneShape, device, wrong: str) -> WrongAtShape
 
     reason = (f"the INT8 kernels give wrong results at the model's attention shape {shape.key()} "
               f"(kv_rotation={kv_rotation()}; the launch-config tuner's check: {clip(wrong, 300)})")
-    index = device.index if device.type == "cuda" else None
+    index = None
+    if device.type == "cuda":  # the key the guard of a process on this GPU looks up
+        index = device.index if device.index is not None else selftest.current_device_index()
     return WrongAtShape(reason, selftest.record_failure(settings, reason, index))
 
 
