@@ -45,10 +45,7 @@ def cached_verdict(settings) -> dict:
     # One child at a time (e.g. several TP workers), within the lock's timeout.
     with cache_files.locked(directory / ".lock") as lock:
         index = current_device_index()
-        key = device_key(index)
-        if index is None:  # the background self-test's record of the first visible GPU, if any
-            key = device_alias.first_device_key(directory) or key
-        path = directory / f"{machine_key(key)}.json"
+        path = directory / f"{machine_key(_verdict_key(directory, index))}.json"
         problems = [lock.problem] if lock.problem else []
         bad = None
         try:
@@ -76,6 +73,15 @@ def cached_verdict(settings) -> dict:
         return dict(verdict, **notes)
 
 
+def _verdict_key(directory, index) -> str:
+    """The device key a verdict is cached under: GPU ``index``'s, else (no GPU context) the
+    background self-test's record of the first visible GPU, if any."""
+    key = device_key(index)
+    if index is None:
+        key = device_alias.first_device_key(directory) or key
+    return key
+
+
 def record_failure(settings, reason: str, device_index=None):
     """Cache a failed verdict with ``reason`` for the device ``cached_verdict`` would look up (the
     GPU ``device_index``, else the background self-test's first visible GPU), replacing what is
@@ -87,9 +93,7 @@ def record_failure(settings, reason: str, device_index=None):
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with cache_files.locked(directory / ".lock"):
-            key = device_key(device_index)
-            if device_index is None:
-                key = device_alias.first_device_key(directory) or key
+            key = _verdict_key(directory, device_index)
             write_json_atomically(directory / f"{machine_key(key)}.json",
                                   {"ok": False, "device_key": key, "reason": reason, "cacheable": True})
     except OSError as exc:
