@@ -92,10 +92,10 @@ trap cleanup EXIT
 pytest_pids=()
 running_pytests() {
   local pid alive=()
-  for pid in "${pytest_pids[@]}"; do
+  for pid in ${pytest_pids[@]+"${pytest_pids[@]}"}; do
     kill -0 "$pid" 2>/dev/null && alive+=("$pid")
   done
-  pytest_pids=("${alive[@]}")
+  pytest_pids=(${alive[@]+"${alive[@]}"})
   echo "${#pytest_pids[@]}"
 }
 spawn() {
@@ -115,6 +115,18 @@ spawn() {
     echo "$? $((SECONDS - started))" > "$WORK/$name.rc"
   ) &
   case "$name" in setup-*) ;; *) pytest_pids+=("$!") ;; esac
+}
+# Until some background job ends. bash >= 4.3 has `wait -n`; the bash 4.2 of CentOS 7-based DTK
+# images does not, so there the running jobs are polled once a second.
+wait_for_a_job() {
+  if [ "${BASH_VERSINFO[0]}" -gt 4 ] || { [ "${BASH_VERSINFO[0]}" = 4 ] && [ "${BASH_VERSINFO[1]}" -ge 3 ]; }; then
+    wait -n || true
+    return
+  fi
+  local running
+  running="$(jobs -rp | wc -l)"
+  [ "$running" -gt 0 ] || return 0
+  while [ "$(jobs -rp | wc -l)" -ge "$running" ]; do sleep 1; done
 }
 report_finished() {  # print each finished job's log once, in the order they finish
   local rc_file name
@@ -180,7 +192,7 @@ add_job() {  # name, line, the job's own marker expression ("" = every case)
   [ -z "$mark" ] || args=(-m "$mark")
   [ "$user_mark_set" = 0 ] || [ -n "$mark" ] || args=(-m "")
   jobs_names+=("$name"); jobs_lines+=("$line")
-  printf '%s\0' "$line" "${args[@]}" "${other_args[@]}" > "$WORK/args-${#jobs_names[@]}"
+  printf '%s\0' "$line" ${args[@]+"${args[@]}"} ${other_args[@]+"${other_args[@]}"} > "$WORK/args-${#jobs_names[@]}"
 }
 # Each line's run is split in two jobs that partition it exactly (on the vllm marker), so that
 # shorter jobs fill the slots; with other pytest arguments (-k, a path) it stays one job, which
@@ -246,14 +258,14 @@ while [ "${#queue[@]}" -gt 0 ]; do
       waiting+=("$i")
     fi
   done
-  queue=("${waiting[@]}")
+  queue=(${waiting[@]+"${waiting[@]}"})
   if [ "${#queue[@]}" -gt 0 ]; then
-    wait -n || true
+    wait_for_a_job
     report_finished
   fi
 done
 while [ -n "$(jobs -rp)" ]; do
-  wait -n || true
+  wait_for_a_job
   report_finished
 done
 wait || true
@@ -265,7 +277,7 @@ for line in "${RUN_LINES[@]}"; do
   [ "$rc" = 0 ] || { echo "=== setup-$line: FAILED, $took s"; status=1; continue; }
   echo "=== environment $line: $(cat "$WORK/venv-$line") ($([ "$took" = 0 ] && echo "matches its lock" || echo "built, $took s"))"
 done
-for line in "${not_run_lines[@]}"; do
+for line in ${not_run_lines[@]+"${not_run_lines[@]}"}; do
   echo "=== vLLM $line: not run (the -m expression leaves out every case of a later line: they all count as slow)"
 done
 ran_cases=" "  # lines of which some job ran cases
