@@ -15,69 +15,30 @@ from __future__ import annotations
 import os
 
 from overlay_testing import DCU_SIM, REPO
+from rank_layers import RANK_LAYERS
 
-QWEN35 = REPO / "tests" / "models" / "qwen3_5-27b-shape"
 PLUGINS = REPO / "tests" / "platform_plugins"
-DENSE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-         "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-         "num_hidden_layers": 2, "vocab_size": 128256, "max_position_embeddings": 8192,
-         "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5}
 MAX_LINE = 2000
 
-PROBE = f"""
-import json, os, sys, tempfile
+PROBE = """
+import sys
 SABOTAGE = globals().get("REJECT_INT8_HEAD_SIZE")  # set by REJECTING_PROBE
 if SABOTAGE:  # vLLM's validation of our backend says no where our own plan says yes
     import vllm
     from govinda_patch.int8.backend import GovindaInt8AttentionBackend
     GovindaInt8AttentionBackend.supports_head_size = classmethod(lambda cls, head_size: False)
-from vllm.config import set_current_vllm_config
-from vllm.engine.arg_utils import EngineArgs
-from vllm.model_executor.layers.attention.attention import Attention
-from vllm.model_executor.models import ModelRegistry
-from vllm.platforms import current_platform
-from vllm.utils.torch_utils import set_default_torch_dtype
-from vllm.v1.kv_cache_interface import MambaSpec
-try:
-    from vllm.v1.core.kv_cache_planning import get_kv_cache_groups  # vLLM >= 0.33
-except ImportError:
-    from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
+""" + RANK_LAYERS + """
 from govinda_patch.patching import is_govinda_wrapper
-
-dense_dir = tempfile.mkdtemp()
-json.dump({DENSE!r}, open(os.path.join(dense_dir, "config.json"), "w"))
-models = {{"qwen35": dict(model={str(QWEN35)!r}, max_model_len=32768, language_model_only=True),
-          "dense": dict(model=dense_dir, max_model_len=8192)}}
 
 def one_model(name):
     cfg = EngineArgs(load_format="dummy", skip_tokenizer_init=True, **models[name]).create_engine_config()
     mc, pc, cache = cfg.model_config, cfg.parallel_config, cfg.cache_config
-    with set_current_vllm_config(cfg), set_default_torch_dtype(mc.dtype):
-        layer = Attention(mc.get_num_attention_heads(pc), mc.get_head_size(), mc.get_head_size() ** -0.5,
-                          num_kv_heads=mc.get_num_kv_heads(pc), cache_config=cache, prefix="model.layers.3.self_attn.attn")
-        current_platform.update_block_size_for_backend(cfg)  # the worker-side alignment (vLLM >= 0.26)
-        spec = layer.get_kv_cache_spec(cfg)
-    layers = {{f"model.layers.{{i}}.self_attn.attn": spec for i in range(3, 64, 4)}}
-    if name == "qwen35":
-        model_cls, _ = ModelRegistry.resolve_model_cls(mc.architecture, model_config=mc)
-        mamba = MambaSpec(shapes=model_cls.get_mamba_state_shape_from_config(cfg),
-                          dtypes=model_cls.get_mamba_state_dtype_from_config(cfg),
-                          block_size=cache.mamba_block_size or mc.max_model_len,
-                          page_size_padded=cache.mamba_page_size_padded)
-        layers.update({{f"model.layers.{{i}}.linear_attn": mamba for i in range(64) if i % 4 != 3}})
-    try:
-        from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
-    except ImportError:
-        pass
-    else:
-        names = [l.name for l in get_supported_kv_cache_layouts([layer.get_attn_backend()])]
-        resolve_kv_cache_layout(cfg, [names], layers.values())
-    groups = get_kv_cache_groups(cfg, layers)  # raises on pages that cannot be unified
-    return {{"backend": layer.get_attn_backend().get_name(), "spec_dtype": str(spec.dtype), "spec_head": spec.head_size,
+    layer, spec, layers, groups = rank_layers(name, cfg)
+    return {"backend": layer.get_attn_backend().get_name(), "spec_dtype": str(spec.dtype), "spec_head": spec.head_size,
             "head": mc.get_head_size(), "kv_heads": mc.get_num_kv_heads(pc),
-            "pages": sorted({{g.kv_cache_spec.page_size_bytes for g in groups}}), "mamba_padded": cache.mamba_page_size_padded}}
+            "pages": sorted({g.kv_cache_spec.page_size_bytes for g in groups}), "mamba_padded": cache.mamba_page_size_padded}
 
-result = {{name: one_model(name) for name in models}}
+result = {name: one_model(name) for name in models}
 module = sys.modules[type(current_platform).__module__]
 result["platform"] = type(current_platform).__name__
 result["priorities_wrapped"] = is_govinda_wrapper(getattr(module, "_get_backend_priorities", None))

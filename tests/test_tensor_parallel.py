@@ -18,35 +18,16 @@ import pytest
 from overlay_testing import REPO, child_env, run_child
 
 from bench import ab, ab_side
+from rank_layers import RANK_LAYERS
 
-QWEN35 = REPO / "tests" / "models" / "qwen3_5-27b-shape"
-# Llama-3-8B attention shape (dense, 8 KV heads); two layers are enough for the configuration.
-DENSE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-         "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-         "num_hidden_layers": 2, "vocab_size": 128256, "max_position_embeddings": 8192,
-         "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5}
 TP_SIZES = (1, 2, 4)
 
-RANKS = f"""
-import json, logging, os, tempfile
+RANKS = RANK_LAYERS + f"""
+import logging
 import torch
-from vllm.config import set_current_vllm_config
-from vllm.engine.arg_utils import EngineArgs
-from vllm.model_executor.layers.attention.attention import Attention
-from vllm.model_executor.models import ModelRegistry
-from vllm.platforms import current_platform
-from vllm.utils.torch_utils import set_default_torch_dtype
-from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
-try:
-    from vllm.v1.core.kv_cache_planning import get_kv_cache_groups  # vLLM >= 0.33
-except ImportError:
-    from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
+from vllm.v1.kv_cache_interface import FullAttentionSpec
 from govinda_patch.int8.backend import GovindaInt8MetadataBuilder
 
-dense_dir = tempfile.mkdtemp()
-json.dump({DENSE!r}, open(os.path.join(dense_dir, "config.json"), "w"))
-models = {{"qwen35": dict(model={str(QWEN35)!r}, max_model_len=32768, language_model_only=True),
-          "dense": dict(model=dense_dir, max_model_len=8192)}}
 records = []
 logging.getLogger("govinda").addHandler(type("Grab", (logging.Handler,), {{"emit": lambda self, r: records.append(r)}})())
 
@@ -55,33 +36,12 @@ def one_rank(name, tp):
     cfg = EngineArgs(load_format="dummy", skip_tokenizer_init=True, tensor_parallel_size=tp,
                      **models[name]).create_engine_config()
     mc, pc, cache = cfg.model_config, cfg.parallel_config, cfg.cache_config
-    q, kv = mc.get_num_attention_heads(pc), mc.get_num_kv_heads(pc)
-    # As the model does on a rank: heads divided by vLLM's parallel config, built under its dtype.
-    with set_current_vllm_config(cfg), set_default_torch_dtype(mc.dtype):
-        layer = Attention(q, mc.get_head_size(), mc.get_head_size() ** -0.5, num_kv_heads=kv,
-                          cache_config=cache, prefix=f"model.layers.3.self_attn.attn")
-        current_platform.update_block_size_for_backend(cfg)  # the worker-side alignment (vLLM >= 0.26)
-        spec = layer.get_kv_cache_spec(cfg)
-    layers = {{f"model.layers.{{i}}.self_attn.attn": spec for i in range(3, 64, 4)}}
-    if name == "qwen35":
-        model_cls, _ = ModelRegistry.resolve_model_cls(mc.architecture, model_config=mc)
-        mamba = MambaSpec(shapes=model_cls.get_mamba_state_shape_from_config(cfg),
-                          dtypes=model_cls.get_mamba_state_dtype_from_config(cfg),
-                          block_size=cache.mamba_block_size or mc.max_model_len,
-                          page_size_padded=cache.mamba_page_size_padded)
-        layers.update({{f"model.layers.{{i}}.linear_attn": mamba for i in range(64) if i % 4 != 3}})
-    try:
-        from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
-    except ImportError:
-        pass  # vLLM < 0.33: the runner shapes the cache with the backend's get_kv_cache_shape
-    else:  # vLLM >= 0.33: the engine core resolves one layout (recorded on the cache config)
-        names = [l.name for l in get_supported_kv_cache_layouts([layer.get_attn_backend()])]
-        resolve_kv_cache_layout(cfg, [names], layers.values())
-    groups = get_kv_cache_groups(cfg, layers)
+    layer, spec, layers, groups = rank_layers(name, cfg)
     (unified,) = {{g.kv_cache_spec for g in groups if isinstance(g.kv_cache_spec, FullAttentionSpec)}}
     builder = GovindaInt8MetadataBuilder(unified, list(layers)[:1], cfg, torch.device("cpu"))
     return cfg, {{
-        "tp": pc.tensor_parallel_size, "q": q, "kv": kv, "head": mc.get_head_size(),
+        "tp": pc.tensor_parallel_size, "q": mc.get_num_attention_heads(pc), "kv": mc.get_num_kv_heads(pc),
+        "head": mc.get_head_size(),
         "impl": type(layer.impl).__name__, "spec_dtype": str(spec.dtype), "spec_block": spec.block_size,
         "spec_page": spec.page_size_bytes, "mamba_page_padded": cache.mamba_page_size_padded,
         "unified_block": unified.block_size, "unified_pages": sorted({{g.kv_cache_spec.page_size_bytes for g in groups}}),
