@@ -1,10 +1,11 @@
 """Child code shared by the cases that build one rank's KV-cache layers as vLLM does.
 
 ``RANK_LAYERS`` is Python source for a ``run_child`` snippet: it defines ``models`` (the hybrid
-Qwen3.5 shape and a dense Llama-3-8B shape) and ``rank_layers(name, cfg)``, which builds one
-attention layer from vLLM's engine config (heads from its ParallelConfig), the layer's KV-cache
-spec after the worker-side block-size alignment, the 64-layer table of the model (mamba specs for
-Qwen3.5's linear-attention layers) and vLLM's own page unification (``get_kv_cache_groups``).
+Qwen3.5 shape and a dense Llama-3-8B shape) and ``rank_layers(name, **engine_args)``, which builds
+vLLM's engine config for that model (dummy weights, no tokenizer), one attention layer from it
+(heads from its ParallelConfig), the layer's KV-cache spec after the worker-side block-size
+alignment, the 64-layer table of the model (mamba specs for Qwen3.5's linear-attention layers) and
+vLLM's own page unification (``get_kv_cache_groups``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ json.dump({DENSE!r}, open(os.path.join(dense_dir, "config.json"), "w"))
 models = {{"qwen35": dict(model={str(QWEN35)!r}, max_model_len=32768, language_model_only=True),
           "dense": dict(model=dense_dir, max_model_len=8192)}}
 
-def rank_layers(name, cfg):
+def rank_layers(name, **engine_args):
+    cfg = EngineArgs(load_format="dummy", skip_tokenizer_init=True, **models[name], **engine_args).create_engine_config()
     mc, pc, cache = cfg.model_config, cfg.parallel_config, cfg.cache_config
     # As the model does on a rank: heads divided by vLLM's parallel config, built under its dtype.
     with set_current_vllm_config(cfg), set_default_torch_dtype(mc.dtype):
@@ -62,5 +64,5 @@ def rank_layers(name, cfg):
         names = [l.name for l in get_supported_kv_cache_layouts([layer.get_attn_backend()])]
         resolve_kv_cache_layout(cfg, [names], layers.values())
     groups = get_kv_cache_groups(cfg, layers)  # raises on pages that cannot be unified
-    return layer, spec, layers, groups
+    return cfg, layer, spec, layers, groups
 """

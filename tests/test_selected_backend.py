@@ -31,9 +31,8 @@ if SABOTAGE:  # vLLM's validation of our backend says no where our own plan says
 from govinda_patch.patching import is_govinda_wrapper
 
 def one_model(name):
-    cfg = EngineArgs(load_format="dummy", skip_tokenizer_init=True, **models[name]).create_engine_config()
+    cfg, layer, spec, layers, groups = rank_layers(name)
     mc, pc, cache = cfg.model_config, cfg.parallel_config, cfg.cache_config
-    layer, spec, layers, groups = rank_layers(name, cfg)
     return {"backend": layer.get_attn_backend().get_name(), "spec_dtype": str(spec.dtype), "spec_head": spec.head_size,
             "head": mc.get_head_size(), "kv_heads": mc.get_num_kv_heads(pc),
             "pages": sorted({g.kv_cache_spec.page_size_bytes for g in groups}), "mamba_padded": cache.mamba_page_size_padded}

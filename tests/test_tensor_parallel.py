@@ -33,10 +33,8 @@ logging.getLogger("govinda").addHandler(type("Grab", (logging.Handler,), {{"emit
 
 def one_rank(name, tp):
     first_record = len(records)
-    cfg = EngineArgs(load_format="dummy", skip_tokenizer_init=True, tensor_parallel_size=tp,
-                     **models[name]).create_engine_config()
+    cfg, layer, spec, layers, groups = rank_layers(name, tensor_parallel_size=tp)
     mc, pc, cache = cfg.model_config, cfg.parallel_config, cfg.cache_config
-    layer, spec, layers, groups = rank_layers(name, cfg)
     (unified,) = {{g.kv_cache_spec for g in groups if isinstance(g.kv_cache_spec, FullAttentionSpec)}}
     builder = GovindaInt8MetadataBuilder(unified, list(layers)[:1], cfg, torch.device("cpu"))
     return cfg, {{
