@@ -174,3 +174,20 @@ def test_our_kernels_on_a_text_slice(model_and_tokenizer, short_windows, monkeyp
     assert versus_reference["top1_agreement"] >= KERNEL_MIN_TOP1_VS_REFERENCE, versus_reference
     # The kernels really ran: their output is not the fp32 model's.
     assert not torch.equal(kernel_hidden, base_hidden)
+
+
+def test_the_fp32_copy_is_written_only_when_equal_and_a_changed_model_is_refused(model_and_tokenizer):
+    """Later loads read model_source's safetensors copy, which is renamed into place only after
+    loading back equal to the GGUF's model (weights, logits, tokens); a changed weight must fail that."""
+    import copy
+
+    model, tokenizer = model_and_tokenizer
+    copy_dir = model_source.hf_copy_dir(model_source.gguf_path(download=False))
+    assert (copy_dir / model_source.COPY_RECORD).is_file(), "the first load writes a verified copy"
+    assert model_source._first_difference(model, tokenizer, model, tokenizer, text_corpus, torch) is None
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        changed.model.layers[3].mlp.down_proj.weight[0, 0] += 1e-3
+    assert model_source._first_difference(model, tokenizer, changed, tokenizer, text_corpus, torch) == (
+        "weight model.layers.3.mlp.down_proj.weight"
+    )

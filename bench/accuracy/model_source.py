@@ -9,9 +9,13 @@ sees the same bytes; it is cached outside the repository and downloaded with pip
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -88,17 +92,107 @@ def gguf_path(download: bool = True) -> Path:
 
 
 def load_model_and_tokenizer(download: bool = True):
-    """(model, tokenizer) on the CPU in fp32, eval mode, SDPA attention."""
+    """(model, tokenizer) on the CPU in fp32, eval mode, SDPA attention.
+
+    transformers parses the GGUF in Python on every load (~25 s on 2 cores, most of a CI accuracy
+    case), so the first load also writes a safetensors copy (``hf_copy_dir``) and later loads read
+    that. The copy is used only once it has loaded back equal to the GGUF's model and tokenizer
+    (``_write_verified_copy``); anything wrong with it means the GGUF is read as before.
+    """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     path = gguf_path(download=download)
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation="sdpa"
-    )
+    copy_dir = hf_copy_dir(path)
+    if (copy_dir / COPY_RECORD).is_file():
+        try:
+            return _load(str(copy_dir), None, torch)
+        except Exception as exc:  # a damaged copy: the GGUF is the source of truth
+            print(f"model_source: ignoring the copy {copy_dir} ({type(exc).__name__}: {exc})", file=sys.stderr)
+    model, tokenizer = _load(str(path.parent), path.name, torch)
+    try:
+        _write_verified_copy(model, tokenizer, copy_dir)
+    except Exception as exc:  # a cache that cannot be written costs time only
+        print(f"model_source: no fp32 copy written to {copy_dir} ({type(exc).__name__}: {exc})", file=sys.stderr)
+    return model, tokenizer
+
+
+COPY_RECORD = "copy.json"
+# What the copy must reproduce: the corpus's token streams (text_corpus.token_stream), the needle
+# probe's chat template and decode (needle.py), and the model's logits.
+_CHECK_TEXTS = ("The quick brown fox jumps over the lazy dog.\n", "def f(x):\n    return x ** 2  # square\n")
+
+
+def hf_copy_dir(path: Path) -> Path:
+    """The copy's folder: keyed by the GGUF's bytes and the transformers that dequantized them."""
+    import transformers
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(chunk)
+    return cache_dir() / "hf-fp32" / f"{digest.hexdigest()[:16]}-transformers-{transformers.__version__}"
+
+
+def _load(folder: str, gguf_file, torch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    extra = {} if gguf_file is None else {"gguf_file": gguf_file}
+    tokenizer = AutoTokenizer.from_pretrained(folder, **extra)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa", **extra)
     model.eval()
     return model, tokenizer
+
+
+def _write_verified_copy(model, tokenizer, copy_dir: Path) -> None:
+    """Save, load back, compare; rename into place only when weights, logits and tokens are equal."""
+    import torch
+
+    from bench.accuracy import text_corpus
+
+    copy_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=copy_dir.name + ".", dir=copy_dir.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        loaded, loaded_tokenizer = _load(str(staging), None, torch)
+        mismatch = _first_difference(model, tokenizer, loaded, loaded_tokenizer, text_corpus, torch)
+        if mismatch:
+            raise ValueError(f"the copy differs from the GGUF's model: {mismatch}")
+        record = {"source": MODEL_LABEL, "checked": "weights, logits, corpus tokens, chat template, decode"}
+        (staging / COPY_RECORD).write_text(json.dumps(record) + "\n")
+        shutil.rmtree(copy_dir, ignore_errors=True)  # an unrecorded (partial) copy of an older run
+        os.replace(staging, copy_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _first_difference(model, tokenizer, loaded, loaded_tokenizer, text_corpus, torch):
+    """The first way the loaded copy differs from the original (a string), or None."""
+    expected, got = model.state_dict(), loaded.state_dict()
+    if sorted(expected) != sorted(got):
+        return f"weights {sorted(set(expected) ^ set(got))[:4]}"
+    for name, tensor in expected.items():
+        if tensor.dtype != got[name].dtype or not torch.equal(tensor, got[name]):
+            return f"weight {name}"
+    for source in text_corpus.sources().values():
+        if text_corpus.token_stream(tokenizer, source) != text_corpus.token_stream(loaded_tokenizer, source):
+            return f"token stream of {source.name}"
+    for text in _CHECK_TEXTS:
+        message = [{"role": "user", "content": text}]
+        if tokenizer.apply_chat_template(message, add_generation_prompt=True) != loaded_tokenizer.apply_chat_template(
+            message, add_generation_prompt=True
+        ):
+            return "chat template"
+        ids = tokenizer(text).input_ids
+        if ids != loaded_tokenizer(text).input_ids:
+            return "special tokens"
+        if tokenizer.decode(ids, skip_special_tokens=True) != loaded_tokenizer.decode(ids, skip_special_tokens=True):
+            return "decode"
+    probe = torch.tensor([tokenizer(" ".join(_CHECK_TEXTS)).input_ids])
+    with torch.no_grad():
+        if not torch.equal(model(probe).logits, loaded(probe).logits):
+            return "logits"
+    return None
