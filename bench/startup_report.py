@@ -129,6 +129,8 @@ def _engine_compile_lines(result: Dict[str, Any]) -> List[str]:
             if late:  # the compiles are in time order, the engine's last
                 names = ", ".join(f"`{c['kernel']}` (+{c['at_s']:.1f} s)" for c in late)
                 lines.append(f"- {side['name']} {start['start']} (engine started at +{compiles['engine_start_s']:.1f} s): {names}")
+                lines += [f"  - `{c['kernel']}` against the background's: {c['unlike_background']}"
+                          for c in late if c.get("unlike_background")]
     return lines or ["- none"]
 
 

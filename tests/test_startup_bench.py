@@ -105,11 +105,17 @@ def test_startup_end_to_end_cold_then_warm_per_side(tmp_path):
     assert warm["cache_before"]["GOVINDA_CACHE_DIR"]["files"] >= 1
     assert stock["starts"][0]["overlay"]["selftest"] is None
     # Our kernels' Triton metadata newer than the launch, split at the engine's start line: the
-    # cold start compiled one before it and one in it; the warm start only loaded them.
+    # cold start compiled two before it and one in it; the warm start only loaded them.
     compiles = cold["our_compiles"]
-    assert [c["kernel"] for c in compiles["compiles"]] == ["_store_kv_int8_kernel", "_gather_kv_kernel"]
-    assert (compiles["before_engine"], compiles["in_engine"]) == (1, 1)
-    assert compiles["compiles"][0]["at_s"] < compiles["engine_start_s"] <= compiles["compiles"][1]["at_s"]
+    assert [c["kernel"] for c in compiles["compiles"]] == ["_store_kv_int8_kernel", "_gather_kv_kernel", "_gather_kv_kernel"]
+    assert (compiles["before_engine"], compiles["in_engine"]) == (2, 1)
+    assert compiles["compiles"][1]["at_s"] < compiles["engine_start_s"] <= compiles["compiles"][2]["at_s"]
+    # Each compile's specialization from its .ttir and metadata; the engine's gather compile names
+    # the argument the background specialized otherwise.
+    assert compiles["compiles"][0]["spec"] == {"args": {"cache_ptr": "!tt.ptr<i8>/16", "stride_block": "i32/16"},
+                                               "num_warps": 4, "num_stages": 1}
+    assert "unlike_background" not in compiles["compiles"][1]
+    assert compiles["compiles"][2]["unlike_background"] == "stride_block: i32 -> i32/16"
     assert warm["our_compiles"]["compiles"] == [] and warm["our_compiles"]["in_engine"] is None
     assert stock["starts"][0]["our_compiles"] == {"engine_start_s": None, "before_engine": None, "in_engine": None,
                                                   "compiles": []}
@@ -126,10 +132,11 @@ def test_startup_end_to_end_cold_then_warm_per_side(tmp_path):
     md = (tmp_path / "reports" / "st-startup.md").read_text()
     assert "| govinda | cold |" in md and "| stock | warm |" in md and "`_gather_kv_kernel` (ours)" in md
     assert "govinda vs stock" in md and "govinda vs stock" in done.stdout  # the comparison is printed too
-    assert "| 1 / 1 |" in md and "0 (no engine line)" in md
+    assert "| 2 / 1 |" in md and "0 (no engine line)" in md
     late = md.split("## Our kernels compiled after the engine started")[1].split("##")[0]
     assert "- govinda cold (engine started at +" in late and "`_gather_kv_kernel` (+" in late
     assert "_store_kv_int8_kernel" not in late
+    assert "  - `_gather_kv_kernel` against the background's: stride_block: i32 -> i32/16" in late
 
 
 def test_only_one_side_per_call_and_report_only_joins(tmp_path):
@@ -220,3 +227,20 @@ def test_engine_start_read_from_a_real_server_log():
     launched = time.mktime(time.strptime("2026-12-06 09:37:05", "%Y-%m-%d %H:%M:%S"))
     assert startup_compiles.engine_start_epoch(log, launched) - launched == 67.0  # 09:38:12
     assert startup_compiles.engine_start_epoch("no engine here\n", launched) is None
+
+
+def test_an_engine_compile_is_explained_against_the_closest_background_compile():
+    from bench import startup_compiles
+
+    def compile_of(kernel, warps=4, **args):
+        return {"kernel": kernel, "spec": {"args": args, "num_warps": warps, "num_stages": 1}}
+
+    engine = compile_of("k", n="i32", stride="i32/16")
+    background = [compile_of("k", warps=8, n="i32", stride="i32"), compile_of("k", stride="i32/16"),
+                  compile_of("other", n="i32", stride="i32/16")]
+    # The second differs in one way (n was 1 there, so Triton folded it), the first in two.
+    assert startup_compiles.unlike_background(engine, background) == "n: folded (== 1) -> i32"
+    assert startup_compiles.unlike_background(engine, background[2:]) == "no background compile of this kernel"
+    assert startup_compiles.unlike_background(engine, [compile_of("k", n="i32", stride="i32/16")]) == (
+        "same arguments and options (a constexpr or the source differs)")
+    assert startup_compiles.unlike_background(engine, [{"kernel": "k", "spec": None}]) == "specialization not readable"
