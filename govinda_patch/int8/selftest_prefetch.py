@@ -49,6 +49,8 @@ WAIT_POLL_S = 0.05
 WAIT_LIMIT_S = child.SELFTEST_TIMEOUT_S + 60.0
 # vLLM's configuration of the launch's arguments (an import of vLLM, no GPU), beside the self-test.
 SHAPE_TIMEOUT_S = 180.0
+# The engine's other specializations after the tuning (engine_launches): a few compiles.
+ENGINE_LAUNCHES_TIMEOUT_S = 120.0
 
 
 # What launch_argv gives for ``python -m`` launches of a server.
@@ -262,7 +264,10 @@ def _tune(settings, shape: dict, device_index: int) -> None:
         # would read as the engine's own tuning (bench/startup_phases.py); a failure keeps the last two.
         progress = io.StringIO()
         with _watchdog(settings.tune_budget_s + tuner.TUNE_TIMEOUT_MARGIN_S), contextlib.redirect_stderr(progress):
-            answer = tuner.cached_here(tune_shape, device_index)
+            configs, answer = tuner.configs_here(tune_shape, device_index)
+        compiled = _compile_engine_launches(tune_shape, device_index, configs)
+        if compiled:
+            answer += "; " + compiled
         if "tuning failed" in answer:
             answer += " | " + " | ".join(progress.getvalue().strip().splitlines()[-2:])
     except tuner.WrongAtShape as exc:  # the verdict is recorded failed: the engine's guard keeps vLLM stock
@@ -273,4 +278,25 @@ def _tune(settings, shape: dict, device_index: int) -> None:
         return
     except Exception as exc:
         answer = f"{shape}: {type(exc).__name__}: {clip(exc, 300)}"
-    print(f"{prefix} in the background, {time.monotonic() - began:.1f} s: {clip(answer, 400)}", file=sys.stderr, flush=True)
+    print(f"{prefix} in the background, {time.monotonic() - began:.1f} s: {clip(answer, 520)}", file=sys.stderr, flush=True)
+
+
+def _compile_engine_launches(tune_shape, device_index: int, configs) -> str:
+    """The engine's other specializations (:mod:`engine_launches`) with the configs it will read,
+    into the on-disk Triton cache; a clause for the status line ("" without a GPU to compile for).
+    Never raises: the engine then compiles them itself, as before."""
+    from . import engine_launches
+    from ..kernel_package import import_kernel
+    from ..settings import kv_rotation
+
+    try:
+        import torch
+
+        if configs is None or not torch.cuda.is_available() or import_kernel("launch_configs").interpreting():
+            return ""
+        with _watchdog(ENGINE_LAUNCHES_TIMEOUT_S), contextlib.redirect_stderr(io.StringIO()):
+            done = engine_launches.compile_engine_launches(
+                tune_shape, torch.device("cuda", device_index), configs, kv_rotation())
+    except Exception as exc:
+        return f"the engine's other launches not compiled ({type(exc).__name__}: {clip(exc, 200)})"
+    return f"the engine's other launches compiled ({done['launches']} in {done['seconds']:.1f} s)"

@@ -678,14 +678,20 @@ def main_json(shape_json: str, device_index: int, budget_s: float) -> int:
     return 0
 
 
-def cached_here(shape: TuneShape, device_index: int) -> str:
-    """``KEY: description`` of the launch configs a server start would use for ``shape``: read from
-    the cache, or tuned now, in this process, and cached (``tune --cached``, the background prefetch)."""
+def configs_here(shape: TuneShape, device_index: int) -> tuple:
+    """``(configs, "KEY: description")``: the launch configs a server start would use for ``shape``,
+    read from the cache, or tuned now, in this process, and cached (``tune --cached``, the background
+    prefetch)."""
     import torch
 
     device = torch.device("cuda", device_index) if torch.cuda.is_available() else torch.device("cpu")
-    _, description = launch_configs_for(shape, device, tune_here=True)
-    return f"{shape.key()}: {description}"
+    configs, description = launch_configs_for(shape, device, tune_here=True)
+    return configs, f"{shape.key()}: {description}"
+
+
+def cached_here(shape: TuneShape, device_index: int) -> str:
+    """``KEY: description`` of :func:`configs_here`."""
+    return configs_here(shape, device_index)[1]
 
 
 def main_cached(shape_json: str, device_index: int) -> int:

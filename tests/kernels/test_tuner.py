@@ -233,7 +233,7 @@ def test_a_choice_wrong_at_the_shape_fails_the_self_test_and_the_guard_keeps_vll
     assert SHAPE.key() in verdict.message and "kv_rotation=none" in verdict.message
 
     # The background prefetch's tuning meets the same error: one line, the verdict recorded, no raise.
-    monkeypatch.setattr(tuner, "cached_here", lambda shape, index: tuner.launch_configs_for(shape, torch.device("cuda", index), tune_here=True))
+    monkeypatch.setattr(tuner, "configs_here", lambda shape, index: tuner.launch_configs_for(shape, torch.device("cuda", index), tune_here=True))
     capsys.readouterr()
     selftest_prefetch._tune(settings, json.loads(SHAPE.to_json()), 0)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("govinda")]
