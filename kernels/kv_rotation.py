@@ -105,7 +105,8 @@ def _row_pass_arguments(name: str, src: torch.Tensor, dst: torch.Tensor) -> tupl
     return strides, constexprs
 
 
-@triton.jit
+# The sequence range changes with every mixed batch: one compiled kernel for all of them.
+@triton.jit(do_not_specialize=["first_seq", "last_seq"])
 def _rotate_token_rows_kernel(
     src_ptr,
     dst_ptr,
@@ -160,7 +161,7 @@ def rotate_token_rows(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])
 def _rotate_decode_rows_kernel(
     src_ptr,
     dst_ptr,
