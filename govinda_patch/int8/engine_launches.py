@@ -4,7 +4,7 @@ the self-test and the tuning do not (issue #29), so the engine loads them from t
 Triton compiles one kernel per specialization: the constexprs, the argument dtypes, and for each
 pointer and integer whether it is divisible by 16 (or, for an integer, equal to 1). A cold H100
 start (``bench.startup``, ``reports/h100/startup.md``) showed the engine still compiling three
-of ours after the background had compiled nineteen, and why:
+of ours after the background had compiled twenty-two, and why:
 
 - the store at the model's shape: the self-test stores at its own small shape, the tuning with
   the torch quantizer, so the engine's page constexprs were new;
@@ -44,7 +44,7 @@ def compile_engine_launches(shape, device, configs, rotation: str) -> Dict[str, 
     ``{"launches": n, "seconds": s}``. Raises what a launch raises (the caller reports it)."""
     import torch
 
-    from . import prefill_kernel
+    from . import prefill_kernel, prefill_warmup
 
     attention = import_kernel("int8_paged_attention")
     layout = import_kernel("int8_kv_layout")
@@ -80,22 +80,11 @@ def compile_engine_launches(shape, device, configs, rotation: str) -> Dict[str, 
                 max_query_len=1, max_seq_len=1, num_decodes=decodes, **common,
             )
             launches += 1
-        # A prefill of two tokens through the path the engine's builder picks (prefill_warmup.py).
-        query = torch.zeros((2, q_heads, head_dim), dtype=dtype, device=device)
-        bounds = torch.tensor([0, 2], dtype=torch.int32, device=device)
+        # The engine's warm-up prefill (prefill_warmup.py) on a table of this width.
         table = torch.zeros((1, width), dtype=torch.int32, device=device)
         table[0, 0] = 1
-        plan = None
-        if varlen is not None:
-            plan = attention.GatheredPrefill(
-                varlen_attention=varlen, cu_seqlens_k=bounds, cu_seqlens_q=bounds, total_k=2, max_seqlen_k=2,
-                max_seqlen_q=2, num_prefill_tokens=2,
-            )
-        seq_lens = torch.tensor([2], dtype=torch.int32, device=device)  # its own allocation: 16-byte aligned
-        attention.paged_attention_int8(
-            query, cache, torch.empty_like(query), bounds, seq_lens, table,
-            max_query_len=2, max_seq_len=2, num_decodes=0, gathered_prefill=plan, **common,
-        )
+        prefill_warmup.run_warmup_prefill(
+            torch.empty((1, q_heads, head_dim), dtype=dtype, device=device), cache, table, varlen=varlen, **common)
         launches += 1
     if device.type == "cuda":
         torch.cuda.synchronize(device)

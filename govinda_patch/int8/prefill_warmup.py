@@ -63,6 +63,23 @@ def warm_prefill(
             return False
         _warmed.add(key)  # also on failure: a broken path is not retried on every layer
     start = time.perf_counter()
+    plan = run_warmup_prefill(
+        query, kv_cache, block_table, block_size=block_size, num_kv_heads=num_kv_heads,
+        softmax_scale=softmax_scale, configs=configs, rotation=rotation, varlen=varlen,
+    )
+    logger.info(
+        "INT8 prefill path warmed up (%s) in %.2f s",
+        "gather + varlen kernel" if plan is not None else "Triton prefill", time.perf_counter() - start,
+    )
+    return True
+
+
+def run_warmup_prefill(query, kv_cache, block_table, *, block_size, num_kv_heads, softmax_scale, configs, rotation,
+                       varlen: Optional[Callable]):
+    """One ``WARMUP_TOKENS``-token prefill of ``block_table``'s row 0 into scratch buffers shaped
+    like ``query``'s rows, on gather + ``varlen`` when given, else the Triton prefill; returns the
+    gathered-prefill plan (None on the Triton prefill). Also used by the background process
+    (``engine_launches``) to compile the same specializations ahead of the engine."""
     device = query.device
     rows = torch.zeros((WARMUP_TOKENS,) + tuple(query.shape[1:]), dtype=query.dtype, device=device)
     output = torch.empty_like(rows)
@@ -80,11 +97,7 @@ def warm_prefill(
         max_query_len=WARMUP_TOKENS, max_seq_len=WARMUP_TOKENS, num_decodes=0, configs=configs,
         rotation=rotation, gathered_prefill=plan,
     )
-    logger.info(
-        "INT8 prefill path warmed up (%s) in %.2f s",
-        "gather + varlen kernel" if plan is not None else "Triton prefill", time.perf_counter() - start,
-    )
-    return True
+    return plan
 
 
 def reset() -> None:
