@@ -137,3 +137,33 @@ def test_cache_views_laid_out_by_vllm_hold_our_pages(child, dcu_env):
     assert len(r["layouts"]) >= 2, r  # layer-outermost and block-outermost layouts
     for name, check in r["layouts"].items():
         assert check == {"view_dims": 4, "rows_alias_buffer": True, "written_as_rows": True, "other_layer_untouched": True}, (name, check)
+
+
+def test_max_model_len_is_read_from_the_command_line_as_vllm_reads_it(child, dcu_env):
+    """launch_shape.max_model_len_arg (which block-table widths the background compiles for)
+    against the installed vLLM's own serve parser, on the forms vLLM accepts and refuses."""
+    from govinda_patch.int8.launch_shape import max_model_len_arg
+
+    values = ["4096", "1552", "1k", "1K", "25.6k", "2M", "1.5K", "1.5", "auto", "-1", "0", "x"]
+    code = f"""
+    import contextlib, io
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    parser = ServeSubcommand().subparser_init(FlexibleArgumentParser(prog="vllm").add_subparsers())
+    read = {{}}
+    for value in {values!r}:
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                read[value] = parser.parse_args(["m", "--max-model-len", value]).max_model_len
+        except SystemExit:
+            read[value] = "refused"
+    report(read)
+    """
+    result = child(code, dcu_env)  # vLLM's argument defaults need a platform: the simulated DCU's
+    assert result.returncode == 0, result
+    read = result.result
+    assert read["1K"] == 1024 and read["1.5K"] == "refused", read  # the parser is really vLLM's
+    for value in values:
+        expected = read[value] if isinstance(read[value], int) and read[value] > 0 else None
+        assert max_model_len_arg(["vllm", "serve", "m", "--max-model-len", value]) == expected, (value, read[value])
+        assert max_model_len_arg(["vllm", "serve", "m", f"--max-model-len={value}"]) == expected, (value, read[value])

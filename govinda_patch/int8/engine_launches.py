@@ -12,8 +12,9 @@ of ours after the background had compiled twenty-two, and why:
   (``WRITE_OUTPUT``: vLLM's large CUDA-graph batch sizes); tuning times batches of 1 and 8 only;
 - the gather (and any kernel taking the block table) with the block table's row stride in the
   other divisibility class: vLLM's table is ``cdiv(max_model_len, block_size)`` wide, the tuning's
-  as wide as its own batches. Both classes are compiled here (the launch shape does not carry
-  ``max_model_len``); a table one block wide (``max_model_len <= block_size``) is not covered.
+  as wide as its own batches. Both classes are compiled here, or, where the launch's own
+  ``--max-model-len`` fits one block, a table one block wide (Triton specializes an integer equal
+  to 1): see :func:`table_widths`.
 
 Every launch goes through the public entry points the engine calls, at the shape and with the
 launch configs and rotation it will use; the results are discarded.
@@ -22,7 +23,7 @@ launch configs and rotation it will use; the results are discarded.
 from __future__ import annotations
 
 import time
-from typing import Dict
+from typing import Dict, Optional, Sequence, Tuple
 
 from ..kernel_package import import_kernel
 
@@ -32,6 +33,16 @@ TABLE_WIDTHS = (16, 17)
 MAX_DECODES = 1024
 
 
+def table_widths(block_size: int, max_model_len: Optional[int] = None) -> Tuple[int, ...]:
+    """The block-table row widths to compile for: one block when the launch's explicit
+    ``max_model_len`` (``launch_shape.max_model_len_arg``) fits one, else one width of each
+    16-divisibility class (without it, the width is unknown but more than one block for any
+    model whose context exceeds a block)."""
+    if max_model_len is not None and 0 < max_model_len <= block_size:
+        return (1,)
+    return TABLE_WIDTHS
+
+
 def one_split_decodes(num_kv_heads: int, num_sms: int, policy) -> int:
     """The smallest decode count whose grid has one split per (decode, KV head); 0 if none up to
     ``MAX_DECODES``."""
@@ -39,9 +50,10 @@ def one_split_decodes(num_kv_heads: int, num_sms: int, policy) -> int:
     return next((n for n in range(1, MAX_DECODES + 1) if splits(n, num_kv_heads, num_sms, policy) == 1), 0)
 
 
-def compile_engine_launches(shape, device, configs, rotation: str) -> Dict[str, float]:
-    """Run the launches above for ``shape`` (a ``tuner.TuneShape``) with ``configs``; returns
-    ``{"launches": n, "seconds": s}``. Raises what a launch raises (the caller reports it)."""
+def compile_engine_launches(shape, device, configs, rotation: str, widths: Sequence[int] = TABLE_WIDTHS) -> Dict[str, float]:
+    """Run the launches above for ``shape`` (a ``tuner.TuneShape``) with ``configs``, on block
+    tables of each of ``widths`` (:func:`table_widths`); returns ``{"launches": n, "seconds": s}``.
+    Raises what a launch raises (the caller reports it)."""
     import torch
 
     from . import prefill_kernel, prefill_warmup
@@ -67,7 +79,7 @@ def compile_engine_launches(shape, device, configs, rotation: str) -> Dict[str, 
     num_sms = launch_configs.sm_count(device, configs)
     wide = one_split_decodes(kv_heads, num_sms, configs.decode_splits)
     varlen = prefill_kernel.resolve(configs, head_dim, device).varlen_attention
-    for width in TABLE_WIDTHS:
+    for width in widths:
         # Decode-only steps (the CUDA-graph captures): one decode (split KV) and, where the grid
         # has one split, the largest ones (the output written directly). One token each, in page 1.
         for decodes in sorted({1, wide} - {0}):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,27 @@ def serve_arguments(argv: Sequence[str]) -> List[str]:
     if len(argv) > 1 and argv[1] == "serve":
         return argv[2:]
     return argv[1:]
+
+
+# vLLM's human-readable integers (``human_readable_int``): "32768", "32k" (x 1000), "32K" (x 1024).
+_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)")
+_MULTIPLIERS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def max_model_len_arg(argv: Sequence[str]) -> Optional[int]:
+    """The launch's explicit ``--max-model-len`` (the last one given), or None when it gives none
+    or one that is not a plain positive length ("auto", -1, a malformed value: vLLM decides)."""
+    value = None
+    args = serve_arguments(argv)
+    for index, arg in enumerate(args):
+        name, eq, inline = arg.partition("=")
+        if name.replace("_", "-") == "--max-model-len":
+            value = inline if eq else (args[index + 1] if index + 1 < len(args) else None)
+    match = _HUMAN_INT.fullmatch(value.strip()) if value else None
+    if match is None or ("." in match.group(1) and match.group(2) not in ("k", "m", "g", "t")):
+        return None
+    length = int(float(match.group(1)) * _MULTIPLIERS[match.group(2)])
+    return length if length > 0 else None
 
 
 def _dense_arguments(argv: Sequence[str]) -> Optional[argparse.Namespace]:

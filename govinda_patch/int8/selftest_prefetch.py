@@ -214,7 +214,7 @@ def run_prefetch(settings, device_index: int = 0, argv: Optional[Sequence[str]] 
     if reader is not None:
         reader.join()
         if verdict.get("ok") is True:
-            _tune(settings, shape, device_index)
+            _tune(settings, shape, device_index, argv)
     return 0
 
 
@@ -247,7 +247,7 @@ def _selftest_here(device_index: int) -> dict:
         return {"ok": False, "reason": f"self-test raised {type(exc).__name__}: {clip(exc, 300)}", "cacheable": False}
 
 
-def _tune(settings, shape: dict, device_index: int) -> None:
+def _tune(settings, shape: dict, device_index: int, argv: Sequence[str] = ()) -> None:
     """What ``tune --cached`` does, in this process, for the predicted shape: what the engine's
     tuner would run for it, so the engine finds the choice cached. One line on stderr, whatever happens."""
     from . import tuner
@@ -265,7 +265,7 @@ def _tune(settings, shape: dict, device_index: int) -> None:
         progress = io.StringIO()
         with _watchdog(settings.tune_budget_s + tuner.TUNE_TIMEOUT_MARGIN_S), contextlib.redirect_stderr(progress):
             configs, answer = tuner.configs_here(tune_shape, device_index)
-        compiled = _compile_engine_launches(tune_shape, device_index, configs)
+        compiled = _compile_engine_launches(tune_shape, device_index, configs, argv)
         if compiled:
             answer += "; " + compiled
         if "tuning failed" in answer:
@@ -281,13 +281,15 @@ def _tune(settings, shape: dict, device_index: int) -> None:
     print(f"{prefix} in the background, {time.monotonic() - began:.1f} s: {clip(answer, 520)}", file=sys.stderr, flush=True)
 
 
-def _compile_engine_launches(tune_shape, device_index: int, configs) -> str:
+def _compile_engine_launches(tune_shape, device_index: int, configs, argv: Sequence[str] = ()) -> str:
     """The engine's other specializations (:mod:`engine_launches`) with the configs it will read,
-    into the on-disk Triton cache; a clause for the status line ("" without a GPU to compile for).
-    Never raises: the engine then compiles them itself, as before."""
+    for the block tables of the launch ``argv``, into the on-disk Triton cache; a clause for the
+    status line ("" without a GPU to compile for). Never raises: the engine then compiles them
+    itself, as before."""
     from . import engine_launches
     from ..kernel_package import import_kernel
     from ..settings import kv_rotation
+    from .launch_shape import max_model_len_arg
 
     try:
         import torch
@@ -295,8 +297,9 @@ def _compile_engine_launches(tune_shape, device_index: int, configs) -> str:
         if configs is None or not torch.cuda.is_available() or import_kernel("launch_configs").interpreting():
             return ""
         with _watchdog(ENGINE_LAUNCHES_TIMEOUT_S), contextlib.redirect_stderr(io.StringIO()):
+            widths = engine_launches.table_widths(tune_shape.block_size, max_model_len_arg(argv))
             done = engine_launches.compile_engine_launches(
-                tune_shape, torch.device("cuda", device_index), configs, kv_rotation())
+                tune_shape, torch.device("cuda", device_index), configs, kv_rotation(), widths)
     except Exception as exc:
         return f"the engine's other launches not compiled ({type(exc).__name__}: {clip(exc, 200)})"
     return f"the engine's other launches compiled ({done['launches']} in {done['seconds']:.1f} s)"

@@ -48,6 +48,39 @@ def test_the_store_the_one_split_decode_and_both_block_table_classes_run(monkeyp
     assert done["launches"] == 1 + len(steps) and done["seconds"] >= 0
 
 
+def test_a_launch_whose_max_model_len_fits_one_block_gets_tables_one_block_wide(monkeypatch):
+    # The widths follow the launch's explicit --max-model-len; without one, both stride classes.
+    assert engine_launches.table_widths(1552, None) == engine_launches.TABLE_WIDTHS == (16, 17)
+    assert engine_launches.table_widths(1552, 1553) == (16, 17)
+    assert engine_launches.table_widths(1552, 1552) == engine_launches.table_widths(1552, 1024) == (1,)
+    shape = tuner.TuneShape(head_dim=64, num_q_heads=4, num_kv_heads=2, block_size=16, dtype="bf16")
+    strides = []
+
+    def spy_attention(query, cache, output, starts, seq_lens, table, **kwargs):
+        strides.append(table.stride(0))
+        return real_attention(query, cache, output, starts, seq_lens, table, **kwargs)
+
+    real_attention = attention.paged_attention_int8
+    monkeypatch.setattr(attention, "paged_attention_int8", spy_attention)
+    done = engine_launches.compile_engine_launches(shape, torch.device("cpu"), TABLE, "none", widths=(1,))
+    # Triton specializes an integer equal to 1: a one-block-wide table is its own class.
+    assert strides and set(strides) == {1} and done["launches"] == 1 + len(strides)
+
+
+def test_the_background_passes_the_launchs_table_widths(monkeypatch):
+    shape = tuner.TuneShape(head_dim=64, num_q_heads=4, num_kv_heads=2, block_size=1552, dtype="bf16")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(lc, "interpreting", lambda: False)
+    seen = []
+    monkeypatch.setattr(engine_launches, "compile_engine_launches",
+                        lambda *args: seen.append(args[-1]) or {"launches": 1, "seconds": 0.0})
+    for argv, widths in ((["vllm", "serve", "m", "--max-model-len", "1K"], (1,)),
+                         (["vllm", "serve", "m", "--max-model-len", "32768"], (16, 17)),
+                         (["vllm", "serve", "m"], (16, 17))):
+        assert selftest_prefetch._compile_engine_launches(shape, 0, TABLE, argv).startswith("the engine's other launches compiled")
+        assert seen[-1] == widths, argv
+
+
 def test_the_background_compiles_them_only_for_a_gpu_and_reports_a_failure(monkeypatch):
     shape = tuner.TuneShape(head_dim=64, num_q_heads=4, num_kv_heads=2, block_size=16, dtype="bf16")
     assert selftest_prefetch._compile_engine_launches(shape, 0, TABLE) == ""  # the interpreter: nothing to compile
