@@ -64,7 +64,7 @@ def compile_engine_launches(shape, device, configs, rotation: str, widths: Seque
     launch_configs = import_kernel("launch_configs")
     began = time.perf_counter()
     device = torch.device(device)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[shape.dtype]
+    dtype = shape.torch_dtype()
     bs, kv_heads, q_heads, head_dim = shape.block_size, shape.num_kv_heads, shape.num_q_heads, shape.head_dim
     cache = torch.zeros(layout.cache_shape(2, bs, kv_heads, head_dim), dtype=torch.int8, device=device)
     launches = 0

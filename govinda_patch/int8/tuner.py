@@ -56,6 +56,11 @@ class TuneShape:
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
+    def torch_dtype(self):
+        import torch
+
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}[self.dtype]
+
     @classmethod
     def from_json(cls, text: str) -> "TuneShape":
         data = json.loads(text)
@@ -285,7 +290,7 @@ class TuneProblems:
         self.layout = import_kernel("int8_kv_layout")
         self.attention = import_kernel("int8_paged_attention")
         self.shape, self.device, self.workload = shape, torch.device(device), workload
-        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[shape.dtype]
+        self.dtype = shape.torch_dtype()
         self.generator = torch.Generator().manual_seed(seed)
         w = workload
         # Decodes at batch 1 read one of several copies of their context in turn, so repeated
@@ -689,15 +694,10 @@ def configs_here(shape: TuneShape, device_index: int) -> tuple:
     return configs, f"{shape.key()}: {description}"
 
 
-def cached_here(shape: TuneShape, device_index: int) -> str:
-    """``KEY: description`` of :func:`configs_here`."""
-    return configs_here(shape, device_index)[1]
-
-
 def main_cached(shape_json: str, device_index: int) -> int:
-    """``python -m govinda_patch tune --cached``: :func:`cached_here`; exit 1 when tuning failed."""
+    """``python -m govinda_patch tune --cached``: :func:`configs_here`'s line; exit 1 when tuning failed."""
     try:
-        line = cached_here(TuneShape.from_json(shape_json), device_index)
+        _, line = configs_here(TuneShape.from_json(shape_json), device_index)
     except WrongAtShape as exc:
         print(f"{shape_json}: {exc}", flush=True)
         return 1
