@@ -71,12 +71,15 @@ PER_CHILD = {"PYTHONPATH", "CUDA_VISIBLE_DEVICES", "PYTEST_CURRENT_TEST",
 NOT_PRELOADED = ("vllm", "govinda_patch", "sitecustomize", "bench", "amdsmi")
 # Stock vLLM modules a probe child imports (no overlay on its path) to learn which other modules
 # they pull in; the server then imports those too, so a child's ``import vllm`` finds them loaded.
-# The patch targets of patches.yaml and what the cases import most; one that fails is skipped.
+# The patch targets of patches.yaml and what the cases import most, the two test models' classes
+# and the model loader among them (they bring the quantization and kernel libraries, tracing, and
+# on 0.33 the CUTLASS DSL: ~1-2 s of each child's start-up otherwise); one that fails is skipped.
 PROBED_VLLM_MODULES = ("vllm", "vllm.config", "vllm.engine.arg_utils", "vllm.platforms", "vllm.platforms.cuda",
                        "vllm.platforms.interface", "vllm.v1.attention.backends.registry",
                        "vllm.v1.attention.backends.triton_attn", "vllm.model_executor.models.config",
                        "vllm.model_executor.layers.attention.attention", "vllm.v1.kv_cache_interface",
-                       "vllm.v1.core.kv_cache_utils", "vllm.config.vllm")
+                       "vllm.v1.core.kv_cache_utils", "vllm.config.vllm", "vllm.model_executor.model_loader",
+                       "vllm.model_executor.models.llama", "vllm.model_executor.models.qwen3_5")
 
 
 def _is_per_child(name: str) -> bool:
