@@ -13,7 +13,12 @@ from typing import Any, Callable, Dict, List, Optional
 
 from bench import openai_http, server_env
 
-POLL_S = 0.5
+# How often /health and the port are polled: the resolution of a start-up time (bench.startup records
+# it) and what a fake test server, up in about a second, waits beyond its start. A poll is one local
+# HTTP request and a read of the server's /proc environment: cheap beside a server's start.
+POLL_S = 0.1
+# How often a stopping server's process group is checked.
+STOP_POLL_S = 0.05
 
 
 class Refused(Exception):
@@ -81,7 +86,7 @@ def stop(proc: subprocess.Popen, grace_s: float) -> Dict[str, Any]:
         proc.poll()
         if not server_env.group_alive(pgid):
             break
-        time.sleep(0.2)
+        time.sleep(STOP_POLL_S)
     else:
         killed = True
         try:

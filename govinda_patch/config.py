@@ -8,6 +8,7 @@ pydantic's first import alone costs ~0.4 s there (the start-up budget is 5 % of 
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import stat
@@ -249,18 +250,33 @@ def _cross_checks(table: PatchTable) -> None:
 
 def parse_table(text: str, source: str) -> PatchTable:
     try:
+        return _valid_table(text)
+    except _TableProblem as exc:
+        raise PatchConfigError(f"{source}: {exc}") from None
+
+
+class _TableProblem(Exception):
+    """What is wrong with a table's text; parse_table puts the file's name in front."""
+
+
+# The parse is pure-Python YAML (~70 ms for patches.yaml) and the table is immutable, so a process
+# that builds its overlay again (each ``overlay_scope``, the CLI's checks) parses a text once.
+# Only valid tables are kept (lru_cache keeps no exceptions).
+@functools.lru_cache(maxsize=4)
+def _valid_table(text: str) -> PatchTable:
+    try:
         raw: Any = yaml_loader.load(text)
     except yaml.YAMLError as exc:
-        raise PatchConfigError(f"{source}: not valid YAML: {_yaml_problem(exc)}") from None
+        raise _TableProblem(f"not valid YAML: {_yaml_problem(exc)}") from None
     except Exception as exc:  # e.g. an integer too long to convert: still just a bad document
-        raise PatchConfigError(f"{source}: not valid YAML: {type(exc).__name__}: {clip(exc)}") from None
+        raise _TableProblem(f"not valid YAML: {type(exc).__name__}: {clip(exc)}") from None
     try:
         table = _record("", raw, PatchTable, TABLE_RULES)
         _cross_checks(table)
     except _Invalid as exc:
-        raise PatchConfigError(f"{source}: {clip(exc, 400)}") from None
+        raise _TableProblem(clip(exc, 400)) from None
     except Exception as exc:  # a rule that did not foresee a value: still a bad table, never a crash
-        raise PatchConfigError(f"{source}: unusable table: {type(exc).__name__}: {clip(exc)}") from None
+        raise _TableProblem(f"unusable table: {type(exc).__name__}: {clip(exc)}") from None
     return table
 
 
