@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import interpreter_device_calls
 from overlay_testing import child_env, run_child, warm_python
 
 TESTS = Path(__file__).resolve().parent
@@ -175,6 +176,15 @@ def _interpreter_marker_is_honest(request):
     if _KernelLaunches.now() != before and request.node.get_closest_marker("gpu_interpreter") is None:
         pytest.fail(f"{request.node.nodeid} launches Triton kernels but is not marked gpu_interpreter: "
                     "take it out of NO_KERNEL_CASES (tests/conftest.py)")
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_device_calls_share_the_launch_patch():
+    """tests/interpreter_device_calls.py, once this process runs Triton's interpreter (it must not
+    import triton.language before TRITON_INTERPRET is set: triton.jit reads it at decoration)."""
+    if os.environ.get("TRITON_INTERPRET") == "1" and "triton.language" in sys.modules:
+        interpreter_device_calls.install()
+    yield
 
 
 @pytest.fixture(scope="session")
