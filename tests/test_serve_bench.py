@@ -635,7 +635,9 @@ ARGV_DUMP = "import json, os, sys; print(json.dumps({'argv': sys.argv[1:], 'env'
 def _run_script(tmp_path, script, *args, **env_overrides):
     dump = tmp_path / "dump.py"
     dump.write_text(ARGV_DUMP)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GOVINDA_", "PYTORCH_", "TRITON_", "VLLM_"))}
+    # The case owns HOME, so the scripts' cache root comes from it (not from a caller's XDG_CACHE_HOME).
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("GOVINDA_", "PYTORCH_", "TRITON_", "VLLM_")) and k != "XDG_CACHE_HOME"}
     env.update(HOME=str(tmp_path / "home"), GOVINDA_VLLM_CMD=f"{PYTHON} {dump}")
     env.update(env_overrides)
     out = subprocess.run([str(REPO_ROOT / "scripts" / script), *args], env=env, capture_output=True, text=True, timeout=30)
