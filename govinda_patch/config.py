@@ -248,15 +248,15 @@ def _cross_checks(table: PatchTable) -> None:
             raise _Invalid(f"patches[{index}] ({patch.name}).group", f"unknown group {patch.group!r}; declared: {sorted(groups)}")
 
 
+class _TableProblem(Exception):
+    """What is wrong with a table's text; parse_table puts the file's name in front."""
+
+
 def parse_table(text: str, source: str) -> PatchTable:
     try:
         return _valid_table(text)
     except _TableProblem as exc:
         raise PatchConfigError(f"{source}: {exc}") from None
-
-
-class _TableProblem(Exception):
-    """What is wrong with a table's text; parse_table puts the file's name in front."""
 
 
 # The parse is pure-Python YAML (~70 ms for patches.yaml) and the table is immutable, so a process

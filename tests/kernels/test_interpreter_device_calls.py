@@ -36,4 +36,3 @@ def test_skipping_the_repeated_patch_leaves_every_output_bit_identical(rotation,
     assert torch.equal(shared, stock)
     # Each launch patches once; without the shim every device-function call patched again.
     assert 0 < shared_patches < stock_patches, (shared_patches, stock_patches)
-
