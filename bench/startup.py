@@ -22,10 +22,14 @@ start: launch-to-health seconds, phases, overlay lines, JIT lines, probe request
 files and bytes before and after) and ``<name>.md`` (bench/startup_report.py), both rewritten after
 every start, and prints the comparison: every side minus the baseline, cold and warm, and the
 JIT lines, against the targets (cold <= +20 s, warm <= +3 s, no JIT line naming a kernel of kernels/).
+Sides with the same environment and flags (e.g. ``fa3_bf16`` and ``fa3_bf16_again``, or one side
+joined from two calls) are starts of one server: the report adds their means against the baseline's
+and the spread of the baseline's own starts (the A/A), which a difference must exceed to be read.
 
     python -m bench.startup --sides scripts/h200/ab_dense128_bench_serve.yaml
     python -m bench.startup --sides FILE --only govinda         # one side per call; the others kept from the JSON
     python -m bench.startup --report-only A/NAME.json B/NAME.json --report-dir DIR   # join such calls
+                                                    # (a side in two files: kept twice, <name>_2)
 
 The sides file is the A/B runner's (bench/ab.py, schema in bench/sides_file.py): model, port,
 server_command, server_args, env, sides with name/env/server_args; its ``bench`` settings are not
@@ -49,7 +53,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from bench import ab_report, openai_http, provenance, server, startup_compiles, startup_phases, startup_report
+from bench import openai_http, provenance, server, startup_compiles, startup_phases, startup_report
 from bench.ab_config import REPO_ROOT, AbConfig, Overrides, Side, build_config, expected_env, parse_side_flag
 from bench.ab_side import count_log_patterns, side_port, side_process_env
 
@@ -331,7 +335,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
                         "<report-dir>/<name>.json or --merge-with")
     p.add_argument("--merge-with", metavar="JSON", help="earlier result whose other sides' records to keep")
     p.add_argument("--report-only", nargs="+", metavar="JSON",
-                   help="rebuild the Markdown from result JSON(s); the sides of later files are added to the first's")
+                   help="rebuild the Markdown from result JSON(s); the sides of later files are added to the first's "
+                        "(a side already there is another start of it, kept as <name>_2, ...)")
     return p
 
 
@@ -356,13 +361,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_arg_parser().parse_args(argv)
     if args.report_only:
         sources = [Path(path) for path in args.report_only]
-        result = ab_report.merge_results([startup_report.load_result(path) for path in sources])
+        result, renamed = startup_report.join_results([startup_report.load_result(path) for path in sources])
+        for line in renamed:
+            log(line)
         if args.baseline:
             if args.baseline not in {side["name"] for side in result["sides"]}:
                 raise SystemExit(f"--baseline: no side named {args.baseline!r} in these results")
             result["baseline"] = args.baseline
         paths = startup_report.write_reports(result, Path(args.report_dir) if args.report_dir else sources[0].parent)
-        print("\n".join(startup_report.comparison_lines(result)))
+        print("\n".join(startup_report.comparison_lines(result) + startup_report.means_lines(result)))
         log(f"rebuilt {paths['json']} and {paths['md']}")
         return 0
     config = config_from_args(args)

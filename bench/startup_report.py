@@ -1,5 +1,6 @@
 """The start-up benchmark's comparison and Markdown: every side against the baseline, cold and warm,
-and the targets of issue #29; joining results measured in several calls."""
+and the targets of issue #29; joining results measured in several calls, where a side started again
+is a second sample (means over sides of one configuration, the baseline's own spread as the A/A)."""
 
 from __future__ import annotations
 
@@ -94,8 +95,112 @@ def compare(result: Dict[str, Any]) -> List[Dict[str, Any]]:
     return rows
 
 
+def _configuration(side: Dict[str, Any]) -> str:
+    """What makes two sides the same server: their environment and flags (not their names)."""
+    return json.dumps([side.get("env") or {}, side.get("server_args") or []], sort_keys=True)
+
+
+def _ok_health(sides: List[Dict[str, Any]], kind: str) -> List[float]:
+    values = []
+    for side in sides:
+        start = start_record(side, kind)
+        if start and start.get("status", "ok") == "ok" and start.get("launch_to_health_s") is not None:
+            values.append(start["launch_to_health_s"])
+    return values
+
+
+def compare_means(result: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Sides of one configuration (e.g. ``fa3_bf16`` and ``fa3_bf16_again``, or one side joined
+    from two calls) are repeated starts of one server: one row per configuration other than the
+    baseline's, its mean launch-to-health against the baseline configuration's mean, and the
+    spread of the baseline's own starts (the A/A: a difference inside it is not resolved). Empty
+    unless some configuration has more than one side."""
+    groups: Dict[str, List[Dict[str, Any]]] = {}
+    for side in result["sides"]:
+        groups.setdefault(_configuration(side), []).append(side)
+    if all(len(members) == 1 for members in groups.values()):
+        return []
+    baseline = next((side for side in result["sides"] if side["name"] == result["baseline"]), None)
+    if baseline is None:
+        return []
+    base_members = groups[_configuration(baseline)]
+    rows = []
+    for key, members in groups.items():
+        if members is base_members:
+            continue
+        row: Dict[str, Any] = {"sides": [m["name"] for m in members], "baseline_sides": [m["name"] for m in base_members]}
+        for kind in STARTS:
+            mine, theirs = _ok_health(members, kind), _ok_health(base_members, kind)
+            mean = round(sum(mine) / len(mine), 2) if mine else None
+            base_mean = round(sum(theirs) / len(theirs), 2) if theirs else None
+            added = _difference(mean, base_mean)
+            spread = round(max(theirs) - min(theirs), 2) if len(theirs) > 1 else None
+            row[kind] = {
+                "n": len(mine), "mean_s": mean, "baseline_n": len(theirs), "baseline_mean_s": base_mean,
+                "added_s": added, "target_added_s": TARGETS[f"{kind}_added_s"],
+                "met": added <= TARGETS[f"{kind}_added_s"] if added is not None else None,
+                "baseline_spread_s": spread,
+                "within_spread": abs(added) <= spread if added is not None and spread is not None else None,
+            }
+        rows.append(row)
+    return rows
+
+
+def means_lines(result: Dict[str, Any]) -> List[str]:
+    """The means table (nothing when no configuration was started more than once)."""
+    rows = result.get("comparison_means")
+    if rows is None:
+        rows = compare_means(result)
+    if not rows:
+        return []
+    lines = [
+        f"| sides vs baseline sides | cold: mean (n) vs mean (n), added s (target <= +{TARGETS['cold_added_s']:g}) "
+        f"| cold: baseline's own spread (A/A) | warm: mean (n) vs mean (n), added s (target <= +{TARGETS['warm_added_s']:g}) "
+        "| warm: baseline's own spread (A/A) |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        cells = [f"{' + '.join(row['sides'])} vs {' + '.join(row['baseline_sides'])}"]
+        for kind in STARTS:
+            entry = row[kind]
+            cells.append(f"{_s(entry['mean_s'])} ({entry['n']}) vs {_s(entry['baseline_mean_s'])} ({entry['baseline_n']}), "
+                         f"{_added(entry)}: {_verdict(entry['met'])}")
+            spread = entry["baseline_spread_s"]
+            cells.append(NONE if spread is None else
+                         f"{spread:.1f}" + (" (the difference is inside it)" if entry["within_spread"] else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def join_results(results: List[Dict[str, Any]]) -> tuple:
+    """The first result with the sides of the later ones. A side whose name is already there is
+    another start of it, kept under ``<name>_<k>`` (``repeat_of`` names it), not a replacement:
+    returns the joined result and one line per side so renamed."""
+    joined = dict(results[0])
+    sides = list(joined["sides"])
+    runs = list(joined.get("runs", []))
+    renamed = []
+    for other in results[1:]:
+        for record in other["sides"]:
+            names = {s["name"] for s in sides}
+            if record["name"] in names:
+                k = 2
+                while f"{record['name']}_{k}" in names:
+                    k += 1
+                renamed.append(f"side {record['name']!r} of a later file kept as {record['name']}_{k!s} (another start of it)")
+                record = dict(record, name=f"{record['name']}_{k}", repeat_of=record["name"])
+            sides.append(record)
+        runs += other.get("runs", [])
+    joined.update(sides=sides, runs=runs)
+    return joined, renamed
+
+
 def _s(value: Optional[float], digits: int = 1) -> str:
     return NONE if value is None else f"{value:.{digits}f}"
+
+
+def _added(entry: Dict[str, Any]) -> str:
+    return NONE if entry["added_s"] is None else f"{entry['added_s']:+.1f}"
 
 
 def _verdict(met: Optional[bool]) -> str:
@@ -174,8 +279,7 @@ def comparison_lines(result: Dict[str, Any]) -> List[str]:
         cells = [f"{row['side']} vs {row['baseline']}"]
         for kind in STARTS:
             entry = row[kind]
-            added = NONE if entry["added_s"] is None else f"{entry['added_s']:+.1f}"
-            cells += [f"{added} ({_s(entry['side_s'])} vs {_s(entry['baseline_s'])}): {_verdict(entry['met'])}",
+            cells += [f"{_added(entry)} ({_s(entry['side_s'])} vs {_s(entry['baseline_s'])}): {_verdict(entry['met'])}",
                       NONE if entry["ratio"] is None else f"{entry['ratio']:.2f}x"]
         jit = row["jit"]
         mine, theirs = jit["side"], jit["baseline"]
@@ -209,6 +313,10 @@ def render_markdown(result: Dict[str, Any]) -> str:
         "",
         *comparison_lines(result),
         "",
+        *(["## Means over repeated starts", "",
+            "Sides with the same environment and flags are starts of one server; the baseline's own starts' "
+            "spread is how much one start varies on this machine (A/A).", "", *means_lines(result), ""]
+          if means_lines(result) else []),
         "## Our kernels compiled after the engine started",
         "",
         "Triton metadata files of `kernels/`'s kernels under the side's cache roots, newer than the launch, "
@@ -238,6 +346,7 @@ def render_markdown(result: Dict[str, Any]) -> str:
 
 def write_reports(result: Dict[str, Any], report_dir: Path) -> Dict[str, Path]:
     result["comparison"] = compare(result)
+    result["comparison_means"] = compare_means(result)
     report_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": report_dir / f"{result['name']}.json", "md": report_dir / f"{result['name']}.md"}
     paths["json"].write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

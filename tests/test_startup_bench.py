@@ -158,6 +158,15 @@ def test_only_one_side_per_call_and_report_only_joins(tmp_path):
     assert isinstance(result["comparison"][0]["warm"]["added_s"], float)
     with pytest.raises(SystemExit, match="no side named"):
         startup.main(["--report-only", str(first / "split.json"), "--baseline", "zz"])
+    # The same side from another call is a second start of it, kept beside the first (not replacing it).
+    again = tmp_path / "again"
+    assert startup.main(["--report-only", str(first / "split.json"), str(second / "split.json"), str(first / "split.json"),
+                         "--report-dir", str(again)]) == 0
+    result = startup_report.load_result(again / "split.json")
+    assert [(s["name"], s.get("repeat_of")) for s in result["sides"]] == [("a", None), ("b", None), ("a_2", "a")]
+    (row,) = result["comparison_means"]
+    assert row["sides"] == ["b"] and row["baseline_sides"] == ["a", "a_2"] and row["cold"]["baseline_n"] == 2
+    assert "## Means over repeated starts" in (again / "split.md").read_text()
 
 
 def test_sides_file_may_not_set_the_caches(tmp_path):
@@ -191,6 +200,31 @@ def test_comparison_against_the_targets():
     assert row["jit"]["met"] is False and row["jit"]["side"]["our_kernels"] == ["_gather_kv_kernel"]
     lines = startup_report.comparison_lines({"name": "r", "baseline": "stock", "sides": _result()["sides"]})
     assert "no data" in lines[-1]
+
+
+def test_means_over_sides_of_one_configuration():
+    def side(name, disable, cold, warm, status="ok"):
+        return {"name": name, "env": {"GOVINDA_DISABLE": disable}, "server_args": ["--x"],
+                "starts": [{"start": "cold", "status": status, "launch_to_health_s": cold},
+                           {"start": "warm", "status": "ok", "launch_to_health_s": warm}]}
+
+    result = {"name": "r", "baseline": "fa3", "sides": [
+        side("fa3", "1", 120.0, 60.0), side("ours", "0", 130.0, 59.0), side("fa3_again", "1", 110.0, 52.0),
+        side("ours_again", "0", 104.0, 61.0), side("ours_failed", "0", 10.0, 62.0, status="failed")]}
+    (row,) = startup_report.compare_means(result)
+    assert row["sides"] == ["ours", "ours_again", "ours_failed"] and row["baseline_sides"] == ["fa3", "fa3_again"]
+    cold, warm = row["cold"], row["warm"]
+    # A start that did not come up counts in no mean.
+    assert (cold["n"], cold["mean_s"], cold["baseline_mean_s"], cold["added_s"]) == (2, 117.0, 115.0, 2.0)
+    assert cold["met"] is True and cold["baseline_spread_s"] == 10.0 and cold["within_spread"] is True
+    assert (warm["n"], warm["mean_s"], warm["added_s"], warm["met"]) == (3, 60.67, 4.67, False)
+    assert warm["baseline_spread_s"] == 8.0 and warm["within_spread"] is True
+    lines = startup_report.means_lines(result)
+    assert lines[-1].startswith("| ours + ours_again + ours_failed vs fa3 + fa3_again | 117.0 (2) vs 115.0 (2), +2.0: met")
+    # Flags differ: another server, so no repeats and no means table.
+    result["sides"][2]["server_args"] = ["--y"]
+    result["sides"] = result["sides"][:3]
+    assert startup_report.compare_means(result) == [] and startup_report.means_lines(result) == []
 
 
 def test_h200_script_runs_one_side_of_the_dense_shape(tmp_path):

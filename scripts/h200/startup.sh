@@ -21,7 +21,8 @@
 # ab_qwen35_64layer_bench_serve.yaml, report h200-qwen35-64layer-startup): a side's cold start there
 # is ~220-300 s and its warm one ~100-150 s, so one side per call still fits a 600 s call.
 # SIDES=scripts/h200/ab_qwen35_64layer_startup.yaml adds its A/A side: fa3_bf16, govinda, then
-# fa3_bf16_again, one call each on one warm machine; join the three JSONs with --report-only.
+# fa3_bf16_again, one call each on one warm machine; join the three JSONs with --report-only (a side
+# joined from two calls counts as a second start of it: the report adds means and the A/A spread).
 set -eu
 [ "$#" -ge 1 ] || { echo "usage: $0 SIDE [bench.startup args ...]   (SIDE: govinda or fa3_bf16; one per call)" >&2; exit 2; }
 side=$1
