@@ -96,8 +96,11 @@ def compare(result: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 
 def _configuration(side: Dict[str, Any]) -> str:
-    """What makes two sides the same server: their environment and flags (not their names)."""
-    return json.dumps([side.get("env") or {}, side.get("server_args") or []], sort_keys=True)
+    """What makes two sides the same server: their environment and flags (not their names). A
+    record that lacks either is a server of its own."""
+    if "env" not in side or "server_args" not in side:
+        return json.dumps(["unrecorded", side["name"]])
+    return json.dumps([side["env"] or {}, side["server_args"] or []], sort_keys=True)
 
 
 def _ok_health(sides: List[Dict[str, Any]], kind: str) -> List[float]:

@@ -221,6 +221,10 @@ def test_means_over_sides_of_one_configuration():
     assert warm["baseline_spread_s"] == 8.0 and warm["within_spread"] is True
     lines = startup_report.means_lines(result)
     assert lines[-1].startswith("| ours + ours_again + ours_failed vs fa3 + fa3_again | 117.0 (2) vs 115.0 (2), +2.0: met")
+    # A record without its flags is a server of its own, never a repeat.
+    unrecorded = dict(result, sides=[s if s["name"] != "ours_again" else {k: v for k, v in s.items() if k != "server_args"}
+                                     for s in result["sides"]])
+    assert [row["sides"] for row in startup_report.compare_means(unrecorded)] == [["ours", "ours_failed"], ["ours_again"]]
     # Flags differ: another server, so no repeats and no means table.
     result["sides"][2]["server_args"] = ["--y"]
     result["sides"] = result["sides"][:3]
