@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -263,8 +264,52 @@ def test_counters_skip_and_name_bad_snapshots_and_write_over_a_fifo(tmp_path, mo
         assert len([line for line in ignored if f"/{name}:" in line]) == 1, ignored
     monkeypatch.setattr(counters, "_counts", counters.Counter())
     counters.bump("decode")  # a plain open of the FIFO would block here
+    assert counters.flush()
     own = json.loads((directory / f"{os.getpid()}.json").read_text())
     assert own["pid"] == os.getpid() and own["counters"] == {"decode": 1}
+
+
+def test_a_bump_never_waits_on_the_file_system(tmp_path, monkeypatch):
+    """The snapshot is written by the counters' own thread: a forward pass that crosses a power of
+    two goes on while the file system is still busy (here: a write held until the bumps returned)."""
+    monkeypatch.setenv("GOVINDA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(counters, "_counts", counters.Counter())
+    release, writers = threading.Event(), []
+    real_write = counters.write_json_atomically
+
+    def held_write(path, payload):
+        writers.append(threading.get_ident())
+        assert release.wait(30), "the write was waited for by the bump"
+        real_write(path, payload)
+
+    monkeypatch.setattr(counters, "write_json_atomically", held_write)
+    counters.bump("decode")
+    counters.bump("decode")  # 2: asked again while the first write is held
+    release.set()
+    assert counters.flush(30)
+    assert writers and threading.get_ident() not in writers
+    own = json.loads((tmp_path / "counters" / f"{os.getpid()}.json").read_text())
+    assert own["counters"] == {"decode": 2}  # the last write has the latest counts
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")  # the point of the case
+def test_a_forked_child_writes_its_own_snapshot(tmp_path, monkeypatch):
+    monkeypatch.setenv("GOVINDA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(counters, "_counts", counters.Counter())
+    counters.bump("decode")
+    assert counters.flush(30)  # this process's writer thread is running
+    pid = os.fork()
+    if pid == 0:  # the child has no writer thread: its bump must start its own
+        code = 2
+        try:
+            counters.bump("decode")
+            code = 0 if counters.flush(30) else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    child = json.loads((tmp_path / "counters" / f"{pid}.json").read_text())
+    assert child["pid"] == pid and child["counters"] == {"decode": 2}
 
 
 # ----------------------------------------------------------------------------- the CLI
