@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 STARTS = ("cold", "warm")
 # Issue #29: what the overlay may add to a start, and no JIT compile of its kernels left for requests.
@@ -128,7 +128,7 @@ def compare_means(result: Dict[str, Any]) -> List[Dict[str, Any]]:
         return []
     base_members = groups[_configuration(baseline)]
     rows = []
-    for key, members in groups.items():
+    for members in groups.values():
         if members is base_members:
             continue
         row: Dict[str, Any] = {"sides": [m["name"] for m in members], "baseline_sides": [m["name"] for m in base_members]}
@@ -175,7 +175,7 @@ def means_lines(result: Dict[str, Any]) -> List[str]:
     return lines
 
 
-def join_results(results: List[Dict[str, Any]]) -> tuple:
+def join_results(results: List[Dict[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:
     """The first result with the sides of the later ones. A side whose name is already there is
     another start of it, kept under ``<name>_<k>`` (``repeat_of`` names it), not a replacement:
     returns the joined result and one line per side so renamed."""
@@ -295,6 +295,7 @@ def comparison_lines(result: Dict[str, Any]) -> List[str]:
 
 def render_markdown(result: Dict[str, Any]) -> str:
     probe = result.get("probe") or {}
+    means = means_lines(result)
     dates = sorted({(side.get("measured") or {}).get("date", "") for side in result["sides"]} - {""})
     lines = [
         f"# Start-up benchmark: {result['name']}",
@@ -318,8 +319,7 @@ def render_markdown(result: Dict[str, Any]) -> str:
         "",
         *(["## Means over repeated starts", "",
             "Sides with the same environment and flags are starts of one server; the baseline's own starts' "
-            "spread is how much one start varies on this machine (A/A).", "", *means_lines(result), ""]
-          if means_lines(result) else []),
+            "spread is how much one start varies on this machine (A/A).", "", *means, ""] if means else []),
         "## Our kernels compiled after the engine started",
         "",
         "Triton metadata files of `kernels/`'s kernels under the side's cache roots, newer than the launch, "
