@@ -52,6 +52,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_run(count: int) -> int:
+    """A port whose next ``count - 1`` ports are free too (a parallel A/B gives side k port + k; a
+    lone free port's neighbour may be any process's, e.g. a client's ephemeral port)."""
+    for _ in range(200):
+        base, held = free_port(), []
+        try:
+            for offset in range(count):
+                held.append(socket.socket())
+                held[-1].bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise RuntimeError(f"no run of {count} free ports found")
+
+
 def get_json(url: str):
     return openai_http.http_json(url, None, timeout_s=5)
 
@@ -534,7 +552,7 @@ def test_ab_parallel_runs_every_side_at_once_on_its_own_port_and_gpu(tmp_path):
         fi
         exec "{PYTHON}" "{FAKE_SERVER}" "$@"
     """)
-    port = free_port()
+    port = free_port_run(2)
     code = ab.main(["--side", "a", "GOVINDA_DISABLE=1", "--side", "b", "GOVINDA_DISABLE=0", "--parallel",
                     "--name", "par", "--model", "fake-model", "--server-cmd", launcher, "--workload", "greedy",
                     "--port", str(port), "--stop-grace", "5", "--health-timeout", "30",
