@@ -100,16 +100,23 @@ def write_reports(result: Dict[str, Any], report_dir: Path, with_png: bool = Tru
     return paths
 
 
-def merge_results(results: List[Dict[str, Any]], merge_tiers: bool = False) -> Dict[str, Any]:
+def merge_results(results: List[Dict[str, Any]], merge_tiers: bool = False, keep_repeats: bool = False) -> Dict[str, Any]:
     """The first result with the sides and runs of the later ones (same name: the later record;
-    with ``merge_tiers``, the later record plus the earlier one's tiers it did not measure)."""
+    with ``merge_tiers``, the later record plus the earlier one's tiers it did not measure; with
+    ``keep_repeats``, another start of that side, kept beside it as ``<name>_2``, ... with
+    ``repeat_of`` naming it)."""
     merged = dict(results[0])
     sides = list(merged["sides"])
     runs = list(merged.get("runs", []))
     for other in results[1:]:
         for record in other["sides"]:
             names = [s["name"] for s in sides]
-            if record["name"] in names:
+            if record["name"] in names and keep_repeats:
+                k = 2
+                while f"{record['name']}_{k}" in names:
+                    k += 1
+                sides.append(dict(record, name=f"{record['name']}_{k}", repeat_of=record["name"]))
+            elif record["name"] in names:
                 earlier = sides[names.index(record["name"])]
                 sides[names.index(record["name"])] = merge_side_tiers(earlier, record) if merge_tiers else record
             else:

@@ -53,7 +53,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from bench import openai_http, provenance, server, startup_compiles, startup_phases, startup_report
+from bench import ab_report, openai_http, provenance, server, startup_compiles, startup_phases, startup_report
 from bench.ab_config import REPO_ROOT, AbConfig, Overrides, Side, build_config, expected_env, parse_side_flag
 from bench.ab_side import count_log_patterns, side_port, side_process_env
 
@@ -361,9 +361,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_arg_parser().parse_args(argv)
     if args.report_only:
         sources = [Path(path) for path in args.report_only]
-        result, renamed = startup_report.join_results([startup_report.load_result(path) for path in sources])
-        for line in renamed:
-            log(line)
+        result = ab_report.merge_results([startup_report.load_result(path) for path in sources], keep_repeats=True)
+        for side in result["sides"]:
+            if side.get("repeat_of"):
+                log(f"side {side['repeat_of']!r} found again: kept as {side['name']} (another start of it)")
         if args.baseline:
             if args.baseline not in {side["name"] for side in result["sides"]}:
                 raise SystemExit(f"--baseline: no side named {args.baseline!r} in these results")

@@ -1,12 +1,13 @@
 """The start-up benchmark's comparison and Markdown: every side against the baseline, cold and warm,
-and the targets of issue #29; joining results measured in several calls, where a side started again
-is a second sample (means over sides of one configuration, the baseline's own spread as the A/A)."""
+and the targets of issue #29; over results joined from several calls (``ab_report.merge_results`` with
+``keep_repeats``), a side started again is a second sample (means over sides of one configuration,
+the baseline's own spread as the A/A)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 STARTS = ("cold", "warm")
 # Issue #29: what the overlay may add to a start, and no JIT compile of its kernels left for requests.
@@ -151,9 +152,7 @@ def compare_means(result: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 def means_lines(result: Dict[str, Any]) -> List[str]:
     """The means table (nothing when no configuration was started more than once)."""
-    rows = result.get("comparison_means")
-    if rows is None:
-        rows = compare_means(result)
+    rows = result.get("comparison_means") or compare_means(result)
     if not rows:
         return []
     lines = [
@@ -173,29 +172,6 @@ def means_lines(result: Dict[str, Any]) -> List[str]:
                          f"{spread:.1f}" + (" (the difference is inside it)" if entry["within_spread"] else ""))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
-
-
-def join_results(results: List[Dict[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:
-    """The first result with the sides of the later ones. A side whose name is already there is
-    another start of it, kept under ``<name>_<k>`` (``repeat_of`` names it), not a replacement:
-    returns the joined result and one line per side so renamed."""
-    joined = dict(results[0])
-    sides = list(joined["sides"])
-    runs = list(joined.get("runs", []))
-    renamed = []
-    for other in results[1:]:
-        for record in other["sides"]:
-            names = {s["name"] for s in sides}
-            if record["name"] in names:
-                k = 2
-                while f"{record['name']}_{k}" in names:
-                    k += 1
-                renamed.append(f"side {record['name']!r} of a later file kept as {record['name']}_{k!s} (another start of it)")
-                record = dict(record, name=f"{record['name']}_{k}", repeat_of=record["name"])
-            sides.append(record)
-        runs += other.get("runs", [])
-    joined.update(sides=sides, runs=runs)
-    return joined, renamed
 
 
 def _s(value: Optional[float], digits: int = 1) -> str:
