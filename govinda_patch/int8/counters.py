@@ -49,7 +49,7 @@ def snapshot() -> dict[str, int]:
 def flush(timeout: float = 10.0) -> bool:
     """Wait until every snapshot asked for so far is written (False if ``timeout`` passed first)."""
     writer = _writer
-    return True if writer is None or writer.pid != os.getpid() else writer.wait(timeout)
+    return True if writer is None else writer.wait(timeout)
 
 
 class _SnapshotWriter:
@@ -57,7 +57,6 @@ class _SnapshotWriter:
     while it writes are served by one more write."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self._changed = threading.Condition()
         self._asked = self._written = 0
         self._directory: Path | None = None
@@ -95,23 +94,21 @@ _writer_lock = threading.Lock()
 
 def _snapshot_writer() -> _SnapshotWriter:
     global _writer
-    writer = _writer
-    if writer is None or writer.pid != os.getpid():
+    if _writer is None:
         with _writer_lock:
-            if _writer is None or _writer.pid != os.getpid():
+            if _writer is None:
                 _writer = _SnapshotWriter()
-            writer = _writer
-    return writer
+    return _writer
 
 
 def _forget_writer_in_child() -> None:
-    # A forked child has none of the parent's threads, and a lock they held stays held.
+    # A forked child has none of the parent's threads (its first bump starts its own writer), and a
+    # lock they held stays held.
     global _writer, _writer_lock
     _writer, _writer_lock = None, threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_writer_in_child)
+os.register_at_fork(after_in_child=_forget_writer_in_child)
 atexit.register(flush, 2.0)  # the last snapshot of a process that exits normally
 
 
